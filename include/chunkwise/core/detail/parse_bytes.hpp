@@ -1,0 +1,41 @@
+#pragma once
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
+
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+namespace chunkwise {
+
+inline byte_count parse_bytes(const std::string& text) {
+  const auto fail = [&] {
+    detail::raise(error_code::invalid_argument,
+                  "'" + text + "' is not a byte size; write a number with an optional unit such as 512MiB, 24GiB or 3GB");
+  };
+  std::size_t pos = 0;
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  const std::size_t number_begin = pos;
+  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
+  if (pos == number_begin) fail();
+  const double value = std::strtod(text.substr(number_begin, pos - number_begin).c_str(), nullptr);
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  struct unit_scale { const char* name; double scale; };
+  constexpr unit_scale units[] = {
+      {"", 1.0},         {"b", 1.0},        {"kib", 0x1p10},  {"mib", 0x1p20},  {"gib", 0x1p30},  {"tib", 0x1p40},
+      {"k", 0x1p10},     {"m", 0x1p20},     {"g", 0x1p30},    {"t", 0x1p40},    {"kb", 1e3},       {"mb", 1e6},
+      {"gb", 1e9},       {"tb", 1e12}};
+  for (const auto& u : units) {
+    if (unit == u.name) {
+      const double bytes = value * u.scale;
+      if (!(bytes >= 0.0) || bytes > 1.8e19) fail();
+      return static_cast<byte_count>(bytes + 0.5);
+    }
+  }
+  fail();
+  return 0;
+}
+
+}  // namespace chunkwise

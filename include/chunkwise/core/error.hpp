@@ -1,0 +1,54 @@
+#pragma once
+// chunkwise::error: the one exception type. A code for programs, a message for people that says what was asked,
+// what exists and what would fit.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace chunkwise {
+
+enum class error_code : std::uint8_t {
+  invalid_argument,  // a parameter out of range (ranks = 0, a negative budget, an unknown name)
+  invalid_profile,   // a model or machine profile that is inconsistent (empty, zero-sized tensor, bad index)
+  parse_error,       // a file that is not valid JSON or misses a field
+  layout_error,      // tensors that cannot be packed under the asked chunk size
+  out_of_memory,     // a byte budget that cannot hold what was asked
+  io_error,          // a failed file or device call
+  comm_error,        // a collective that failed or timed out
+  illegal_state,     // a chunk transition that the life cycle forbids
+  unsupported,       // a combination the build or machine does not provide
+};
+
+constexpr std::string_view to_string(error_code code) noexcept {
+  switch (code) {
+    case error_code::invalid_argument: return "invalid_argument";
+    case error_code::invalid_profile: return "invalid_profile";
+    case error_code::parse_error: return "parse_error";
+    case error_code::layout_error: return "layout_error";
+    case error_code::out_of_memory: return "out_of_memory";
+    case error_code::io_error: return "io_error";
+    case error_code::comm_error: return "comm_error";
+    case error_code::illegal_state: return "illegal_state";
+    case error_code::unsupported: return "unsupported";
+  }
+  return "unknown";
+}
+
+class error : public std::runtime_error {
+ public:
+  error(error_code code, const std::string& message)
+      : std::runtime_error(std::string("chunkwise: ").append(message)), code_(code) {}
+  [[nodiscard]] error_code code() const noexcept { return code_; }
+
+ private:
+  error_code code_;
+};
+
+namespace detail {
+// Called from constexpr functions on their error path: a throw during constant evaluation stops compilation at
+// this call, and at run time it raises the error. Keeping the string work here keeps constexpr bodies clang-friendly.
+[[noreturn]] inline void raise(error_code code, const std::string& message) { throw error(code, message); }
+}  // namespace detail
+
+}  // namespace chunkwise
