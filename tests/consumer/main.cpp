@@ -7,6 +7,6 @@ int main() {
   using namespace chunkwise;
   const auto model = gpt2_profile(gpt2_124m);
   const auto map = layout::min_waste<>::build(model, {.ranks = 2});
-  std::printf("consumer ok: %zu chunks of %s\n", map.chunks.size(), format_bytes(map.chunk_bytes).c_str());
+  std::printf("consumer ok: %zu chunks of %s\n", map.chunks.size(), format_bytes(map.summary().chunk_bytes).c_str());
   return map.chunks.empty() ? 1 : 0;
 }

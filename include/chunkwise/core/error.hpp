@@ -37,11 +37,15 @@ constexpr std::string_view to_string(error_code code) noexcept {
 
 class error : public std::runtime_error {
  public:
-  error(error_code code, const std::string& message)
-      : std::runtime_error(std::string("chunkwise: ").append(message)), code_(code) {}
+  error(error_code code, const std::string& message) : std::runtime_error(prefixed(message)), code_(code) {}
   [[nodiscard]] error_code code() const noexcept { return code_; }
 
  private:
+  static std::string prefixed(const std::string& message) {
+    std::string text = "chunkwise: ";
+    text += message;
+    return text;
+  }
   error_code code_;
 };
 

@@ -1,0 +1,115 @@
+#pragma once
+// min_waste<SearchRange, MinChunk, MaxChunk>: the chunk capacity that minimises waste (free space plus alignment
+// padding, summed over chunks), searched exactly over every multiple of ranks * alignment in
+// [lo, lo + SearchRange], lo = max(largest tensor, MinChunk) rounded up, as Colossal-AI's Gemini/Elixir search does.
+// MaxChunk (0 = none) caps the capacity; a tensor above it is an error.
+//
+// The search. With next-fit in first-use order the chunk count k(S) is non-increasing in the capacity S
+// (detail/next_fit.hpp), and waste(S) = k(S) * S - tensor_bytes. Within a run of capacities with the same k,
+// waste grows with S, so the optimum is the smallest capacity of some run. We walk those run starts from lo upwards:
+// from the start of a run with k chunks, a binary search over the grid finds the smallest capacity that needs at
+// most k - 1 chunks (the predicate is monotone). Cost: O(levels * n * log(grid points)), levels <= k(lo) - k(hi);
+// ties go to the smaller capacity (finer-grained prefetch and eviction).
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/layout/concepts.hpp>
+#include <chunkwise/layout/detail/next_fit.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+
+#include <cstdint>
+#include <string_view>
+
+namespace chunkwise::layout {
+
+/// The capacity range a min_waste search covers, and its answer.
+struct chunk_size_search {
+  byte_count lowest = 0;   // first candidate capacity
+  byte_count highest = 0;  // last candidate capacity
+  byte_count step = 0;     // candidates are lowest + j * step
+  byte_count best = 0;     // the chosen capacity
+  std::uint64_t chunk_count = 0;
+  byte_count waste = 0;
+};
+
+/// The search range of min_waste with these knobs (throws when the largest tensor exceeds max_chunk).
+constexpr chunk_size_search min_waste_range(const model_profile& model, const layout_options& options,
+                                            byte_count search_range, byte_count min_chunk, byte_count max_chunk) {
+  const byte_count step = options.granule();
+  const byte_count largest = model.largest_tensor_bytes();
+  const byte_count lowest = round_up(largest > min_chunk ? largest : min_chunk, step);
+  byte_count highest = lowest + search_range / step * step;
+  if (max_chunk != 0) {
+    if (largest > max_chunk)
+      detail::require_fits(model, max_chunk, "min_waste (max chunk " + format_bytes(max_chunk) + ")");
+    const byte_count cap = max_chunk / step * step;
+    if (cap < lowest)
+      chunkwise::detail::raise(error_code::layout_error,
+                               "min_waste: the smallest admissible chunk is " + format_bytes(lowest) +
+                                   " (largest tensor or minimum chunk, rounded to " + std::to_string(step) +
+                                   " bytes for " + std::to_string(options.ranks) + " ranks) but the maximum is " +
+                                   format_bytes(max_chunk) + "; raise the maximum to at least " +
+                                   format_bytes(lowest));
+    highest = highest < cap ? highest : cap;
+  }
+  return chunk_size_search{lowest, highest, step, 0, 0, 0};
+}
+
+/// The exact minimum-waste capacity over the range (see the header comment for the algorithm).
+constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
+                                             chunk_size_search range) {
+  const byte_count tensor_bytes = model.tensor_bytes();
+  const std::uint64_t points = (range.highest - range.lowest) / range.step;  // grid indices 0..points
+  const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.step; };
+
+  std::uint64_t j = 0;
+  std::uint64_t k = detail::count_chunks(model, range.lowest, options.alignment);
+  range.best = range.lowest;
+  range.chunk_count = k;
+  range.waste = k * range.lowest - tensor_bytes;
+  while (k > 1 && j < points) {
+    // Smallest grid index in (j, points] whose capacity needs at most k - 1 chunks.
+    if (detail::count_chunks(model, capacity_at(points), options.alignment, k - 1) > k - 1) break;
+    std::uint64_t low = j + 1, high = points;
+    while (low < high) {
+      const std::uint64_t mid = low + (high - low) / 2;
+      if (detail::count_chunks(model, capacity_at(mid), options.alignment, k - 1) <= k - 1) high = mid;
+      else low = mid + 1;
+    }
+    j = low;
+    k = detail::count_chunks(model, capacity_at(j), options.alignment);
+    const byte_count waste = k * capacity_at(j) - tensor_bytes;
+    if (waste < range.waste) {
+      range.best = capacity_at(j);
+      range.chunk_count = k;
+      range.waste = waste;
+    }
+  }
+  return range;
+}
+
+template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 0>
+struct min_waste {
+  static_assert(MaxChunk == 0 || MaxChunk >= MinChunk, "min_waste: MaxChunk must be 0 (none) or >= MinChunk");
+  static constexpr std::string_view name = "min_waste";
+  static constexpr byte_count search_range = SearchRange;
+  static constexpr byte_count min_chunk = MinChunk;
+  static constexpr byte_count max_chunk = MaxChunk;
+
+  /// The search with its range and answer: the chosen capacity, its chunk count and waste.
+  static constexpr chunk_size_search search(const model_profile& model, const layout_options& options) {
+    validate(model);
+    validate(options);
+    return search_min_waste(model, options, min_waste_range(model, options, SearchRange, MinChunk, MaxChunk));
+  }
+  static constexpr chunk_map build(const model_profile& model, const layout_options& options) {
+    return detail::pack(model, search(model, options).best, options);
+  }
+  static constexpr layout_summary summarize(const model_profile& model, const layout_options& options) {
+    return build(model, options).summary();
+  }
+};
+
+static_assert(chunk_layout<min_waste<>>);
+
+}  // namespace chunkwise::layout

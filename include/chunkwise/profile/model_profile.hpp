@@ -1,0 +1,142 @@
+#pragma once
+// model_profile: the byte-level facts about one training iteration that the layout, placement and cost model need.
+// Tensors are listed in first-use order; steps are one layer's forward or backward, in execution order.
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/core/tensor_spec.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace chunkwise {
+
+enum class step_kind : std::uint8_t { forward, backward };
+
+constexpr std::string_view to_string(step_kind kind) noexcept {
+  return kind == step_kind::forward ? "forward" : "backward";
+}
+
+struct profile_step {
+  tensor_name label;                   // "h.3", "embed", "head": the layer this step runs
+  step_kind kind = step_kind::forward;
+  std::vector<std::uint32_t> tensors;  // indices into model_profile::tensors that the step reads or writes
+  /// Activation bytes alive while the step runs: everything saved for backward so far plus the step's own working
+  /// set (bytes per rank, one micro-batch).
+  byte_count activation_bytes = 0;
+};
+
+struct model_profile {
+  tensor_name name;
+  std::vector<tensor_spec> tensors;  // first-use order
+  std::vector<profile_step> steps;   // one training iteration: forward steps, then backward steps
+
+  [[nodiscard]] constexpr std::uint64_t parameter_count() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& t : tensors)
+      if (t.role == tensor_role::parameter) n += t.elements;
+    return n;
+  }
+  [[nodiscard]] constexpr byte_count tensor_bytes() const noexcept {
+    byte_count n = 0;
+    for (const auto& t : tensors) n += t.bytes();
+    return n;
+  }
+  [[nodiscard]] constexpr byte_count largest_tensor_bytes() const noexcept {
+    byte_count n = 0;
+    for (const auto& t : tensors) n = t.bytes() > n ? t.bytes() : n;
+    return n;
+  }
+  [[nodiscard]] constexpr byte_count peak_activation_bytes() const noexcept {
+    byte_count n = 0;
+    for (const auto& s : steps) n = s.activation_bytes > n ? s.activation_bytes : n;
+    return n;
+  }
+  /// Tensor access order of one iteration, one entry per (step, tensor) touch: what prefetch and next-use eviction follow.
+  [[nodiscard]] constexpr std::vector<std::uint32_t> access_order() const {
+    std::vector<std::uint32_t> order;
+    for (const auto& s : steps) order.insert(order.end(), s.tensors.begin(), s.tensors.end());
+    return order;
+  }
+};
+
+namespace detail {
+[[noreturn]] inline void invalid_profile(const model_profile& model, const std::string& what) {
+  raise(error_code::invalid_profile, "model profile '" + model.name.str() + "': " + what);
+}
+}  // namespace detail
+
+/// Checks what every consumer relies on; throws error_code::invalid_profile naming the offending tensor or step.
+/// - at least one tensor, every tensor with a name and at least one element;
+/// - every step index names an existing tensor;
+/// - tensors appear in first-use order: the first touch of tensor i comes no later than the first touch of tensor i+1
+///   (tensors no step touches may only follow all touched ones).
+constexpr void validate(const model_profile& model) {
+  if (model.tensors.empty()) detail::invalid_profile(model, "has no tensors; register at least one tensor");
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    const auto& t = model.tensors[i];
+    if (t.name.empty()) detail::invalid_profile(model, "tensor #" + std::to_string(i) + " has no name");
+    if (t.elements == 0)
+      detail::invalid_profile(model, "tensor #" + std::to_string(i) + " '" + t.name.str() +
+                                         "' has zero elements; drop it or give its size");
+  }
+  const auto count = static_cast<std::uint32_t>(model.tensors.size());
+  std::uint32_t next_first_use = 0;  // tensors [0, next_first_use) have been touched by earlier steps
+  for (std::size_t s = 0; s < model.steps.size(); ++s) {
+    const auto& step = model.steps[s];
+    // The tensors this step touches for the first time must be exactly the next ones in the list (in any order
+    // within the step).
+    std::vector<std::uint32_t> first_touches;
+    for (const std::uint32_t index : step.tensors) {
+      if (index >= count)
+        detail::invalid_profile(model, "step #" + std::to_string(s) + " (" + std::string(to_string(step.kind)) + " " +
+                                           step.label.str() + ") touches tensor #" + std::to_string(index) +
+                                           " but the profile has " + std::to_string(count) + " tensors");
+      if (index >= next_first_use) first_touches.push_back(index);
+    }
+    std::sort(first_touches.begin(), first_touches.end());
+    first_touches.erase(std::unique(first_touches.begin(), first_touches.end()), first_touches.end());
+    for (std::size_t k = 0; k < first_touches.size(); ++k) {
+      const std::uint32_t expected = next_first_use + static_cast<std::uint32_t>(k);
+      if (first_touches[k] != expected)
+        detail::invalid_profile(model, "tensor #" + std::to_string(first_touches[k]) + " '" +
+                                           model.tensors[first_touches[k]].name.str() + "' is first used (step #" +
+                                           std::to_string(s) + ") before tensor #" + std::to_string(expected) + " '" +
+                                           model.tensors[expected].name.str() +
+                                           "'; list tensors in first-use order (see sort_by_first_use)");
+    }
+    next_first_use += static_cast<std::uint32_t>(first_touches.size());
+  }
+}
+
+/// Reorders tensors into first-use order (untouched tensors last, in their given order) and renumbers the steps:
+/// for profiles that come from elsewhere (a PyTorch export lists parameters in registration order).
+inline model_profile sort_by_first_use(const model_profile& model) {
+  const auto count = model.tensors.size();
+  constexpr std::uint32_t unseen = ~std::uint32_t{0};
+  std::vector<std::uint32_t> new_index(count, unseen);
+  std::vector<std::uint32_t> old_index;
+  old_index.reserve(count);
+  for (const auto& step : model.steps)
+    for (const std::uint32_t i : step.tensors)
+      if (i < count && new_index[i] == unseen) {
+        new_index[i] = static_cast<std::uint32_t>(old_index.size());
+        old_index.push_back(i);
+      }
+  for (std::uint32_t i = 0; i < count; ++i)
+    if (new_index[i] == unseen) {
+      new_index[i] = static_cast<std::uint32_t>(old_index.size());
+      old_index.push_back(i);
+    }
+  model_profile sorted{model.name, {}, model.steps};
+  sorted.tensors.reserve(count);
+  for (const std::uint32_t i : old_index) sorted.tensors.push_back(model.tensors[i]);
+  for (auto& step : sorted.steps)
+    for (auto& i : step.tensors)
+      if (i < count) i = new_index[i];
+  return sorted;
+}
+
+}  // namespace chunkwise

@@ -1,0 +1,214 @@
+#include <chunkwise/layout.hpp>
+#include <chunkwise/profile.hpp>
+
+#include <doctest/doctest.h>
+
+#include <random>
+
+using namespace chunkwise;
+
+// The layout search runs at compile time: GPT-2 124M (fp32) on 4 ranks. The 154 MB tied embedding gets a chunk of
+// its own; the other 344 MB pack into two chunks of the smallest admissible size.
+constexpr auto compile_time_search = layout::min_waste<>::search(gpt2_profile(gpt2_124m), {.ranks = 4});
+static_assert(compile_time_search.best == 173'251'584);
+static_assert(compile_time_search.chunk_count == 3);
+static_assert(compile_time_search.waste == 21'995'520);
+static_assert(compile_time_search.best % (4 * 256) == 0);
+constexpr auto compile_time_summary = layout::min_waste<>::summarize(gpt2_profile(gpt2_124m), {.ranks = 4});
+static_assert(compile_time_summary.waste == compile_time_search.waste);
+
+static_assert(chunk_layout<layout::fixed<1 * MiB>>);
+static_assert(chunk_layout<layout::min_waste<1 * MiB, 0>>);
+static_assert(chunk_layout<layout::per_tensor>);
+static_assert(!chunk_layout<int>);
+
+namespace {
+
+/// Every invariant a chunk map promises, checked on the map itself.
+void check_map_invariants(const model_profile& model, const chunk_map& map) {
+  const auto& options = map.options;
+  std::vector<int> seen(model.tensors.size(), 0);
+  std::uint32_t previous_tensor = 0;
+  bool first = true;
+  REQUIRE(map.locations.size() == model.tensors.size());
+  for (std::uint32_t c = 0; c < map.chunks.size(); ++c) {
+    const auto& chunk = map.chunks[c];
+    REQUIRE(chunk.capacity % options.granule() == 0);
+    REQUIRE(!chunk.slots.empty());
+    byte_count end = 0;
+    for (const auto& slot : chunk.slots) {
+      REQUIRE(slot.offset % options.alignment == 0);
+      REQUIRE(slot.offset >= end);  // no overlap
+      REQUIRE(slot.offset + slot.bytes <= chunk.capacity);
+      REQUIRE(slot.bytes == model.tensors[slot.tensor].bytes());
+      REQUIRE((first || slot.tensor == previous_tensor + 1));  // first-use order across chunks
+      REQUIRE(map.locations[slot.tensor].chunk == c);
+      REQUIRE(map.locations[slot.tensor].offset == slot.offset);
+      end = slot.offset + slot.bytes;
+      previous_tensor = slot.tensor;
+      first = false;
+      ++seen[slot.tensor];
+    }
+    if (chunk.tied) REQUIRE(chunk.slots.size() == 1);
+    for (const auto& slot : chunk.slots)
+      if (model.tensors[slot.tensor].tied) REQUIRE(chunk.slots.size() == 1);
+  }
+  for (const int count : seen) REQUIRE(count == 1);
+  const auto summary = map.summary();
+  REQUIRE(summary.tensor_bytes == model.tensor_bytes());
+  REQUIRE(summary.waste == summary.total_bytes - summary.tensor_bytes);
+}
+
+model_profile random_model(std::mt19937_64& rng, std::size_t count, std::uint64_t max_elements) {
+  model_profile model;
+  model.name = "random";
+  std::uniform_int_distribution<std::uint64_t> elements(1, max_elements);
+  std::uniform_int_distribution<int> type(0, 2), tie(0, 15);
+  profile_step step{"all", step_kind::forward, {}, 0};
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const dtype types[] = {dtype::fp32, dtype::bf16, dtype::fp16};
+    model.tensors.push_back({"t", elements(rng), types[type(rng)], tensor_role::parameter, tie(rng) == 0});
+    step.tensors.push_back(i);
+  }
+  model.steps.push_back(step);
+  return model;
+}
+
+/// Waste at every candidate capacity, the smallest capacity on ties: what min_waste must equal.
+layout::chunk_size_search brute_force(const model_profile& model, const layout_options& options,
+                                      layout::chunk_size_search range) {
+  range.waste = ~byte_count{0};
+  for (byte_count s = range.lowest; s <= range.highest; s += range.step) {
+    const auto summary = layout::detail::pack(model, s, options).summary();
+    if (summary.waste < range.waste) {
+      range.best = s;
+      range.chunk_count = summary.chunk_count;
+      range.waste = summary.waste;
+    }
+  }
+  return range;
+}
+
+}  // namespace
+
+TEST_CASE("the compile-time and run-time min_waste searches give the same chunk size") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const auto run_time = layout::min_waste<>::search(model, {.ranks = 4});
+  CHECK(run_time.best == compile_time_search.best);
+  CHECK(run_time.chunk_count == compile_time_search.chunk_count);
+  CHECK(run_time.waste == compile_time_search.waste);
+  const auto map = layout::min_waste<>::build(model, {.ranks = 4});
+  check_map_invariants(model, map);
+  CHECK(map.summary() == compile_time_summary);
+  CHECK(map.chunks[0].tied);
+  CHECK(map.chunks[0].slots[0].tensor == 0);
+}
+
+TEST_CASE("min_waste equals brute force over every chunk size on random tensor lists") {
+  std::mt19937_64 rng(20261202);
+  for (int trial = 0; trial < 300; ++trial) {
+    CAPTURE(trial);
+    const auto model = random_model(rng, 1 + rng() % 40, 1 + rng() % 5000);
+    const layout_options options{static_cast<std::uint32_t>(1 + rng() % 4), byte_count{1} << (rng() % 9)};
+    const byte_count range_bytes = 1 + rng() % 60000;
+    const byte_count min_chunk = rng() % 30000;
+    const auto range = layout::min_waste_range(model, options, range_bytes, min_chunk, 0);
+    const auto searched = layout::search_min_waste(model, options, range);
+    const auto expected = brute_force(model, options, range);
+    REQUIRE(searched.best == expected.best);
+    REQUIRE(searched.waste == expected.waste);
+    REQUIRE(searched.chunk_count == expected.chunk_count);
+    check_map_invariants(model, layout::detail::pack(model, searched.best, options));
+  }
+}
+
+TEST_CASE("min_waste never wastes more than fixed chunks of a size in its range") {
+  const auto model = gpt2_profile(gpt2_355m);
+  for (std::uint32_t ranks : {1u, 2u, 3u, 4u, 8u}) {
+    CAPTURE(ranks);
+    const layout_options options{ranks, 256};
+    const auto best = layout::min_waste<>::summarize(model, options);
+    const auto range = layout::min_waste_range(model, options, 64 * MiB, 32 * MiB, 0);
+    for (byte_count s = range.lowest; s <= range.highest; s += (range.highest - range.lowest) / 7 / range.step * range.step)
+      CHECK(best.waste <= layout::detail::pack(model, s, options).summary().waste);
+    CHECK(best.waste <= layout::fixed<256 * MiB>::summarize(model, options).waste);
+  }
+}
+
+TEST_CASE("every layout keeps its promises on every GPT-2 size and rank count") {
+  for (const auto& config : {gpt2_124m, gpt2_774m, gpt_4b}) {
+    const auto model = gpt2_profile(config);
+    for (std::uint32_t ranks : {1u, 3u, 4u}) {
+      CAPTURE(config.name.str());
+      CAPTURE(ranks);
+      const layout_options options{ranks, 256};
+      check_map_invariants(model, layout::min_waste<>::build(model, options));
+      check_map_invariants(model, layout::per_tensor::build(model, options));
+      check_map_invariants(model, layout::fixed<1 * GiB>::build(model, options));
+      const auto fixed = layout::fixed<1 * GiB>::summarize(model, options);
+      CHECK(fixed.chunk_bytes == round_up(1 * GiB, byte_count{ranks} * 256));
+    }
+  }
+}
+
+TEST_CASE("per_tensor gives each tensor its own chunk rounded up to whole shards") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const layout_options options{3, 512};
+  const auto map = layout::per_tensor::build(model, options);
+  REQUIRE(map.chunks.size() == model.tensors.size());
+  byte_count waste = 0;
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    CHECK(map.chunks[i].capacity == round_up(model.tensors[i].bytes(), 3 * 512));
+    waste += map.chunks[i].capacity - model.tensors[i].bytes();
+  }
+  CHECK(map.summary().waste == waste);
+  CHECK(map.shard_bytes(0) * 3 == map.chunks[0].capacity);
+}
+
+TEST_CASE("fixed chunks round up to whole aligned shards and pack next-fit") {
+  model_profile model;
+  model.name = "three";
+  model.tensors = {{"a", 100}, {"b", 100}, {"c", 100}};  // 400 bytes each in fp32
+  model.steps = {{"s", step_kind::forward, {0, 1, 2}, 0}};
+  const auto map = layout::fixed<1000>::build(model, {.ranks = 2, .alignment = 256});
+  // 1000 rounds up to 1024; a at 0, b at 512 (aligned), c does not fit (1024 + 400 > 1024) -> second chunk.
+  REQUIRE(map.chunks.size() == 2);
+  CHECK(map.chunks[0].capacity == 1024);
+  CHECK(map.chunks[0].slots[1].offset == 512);
+  CHECK(map.chunks[1].slots[0].tensor == 2);
+  CHECK(map.summary().waste == 2 * 1024 - 1200);
+}
+
+TEST_CASE("bad layout inputs are errors that say what was wrong and what would fit") {
+  model_profile empty;
+  empty.name = "empty";
+  CHECK_THROWS_WITH_AS(layout::min_waste<>::build(empty, {}), doctest::Contains("has no tensors"), error);
+
+  auto model = gpt2_profile(gpt2_124m);
+  CHECK_THROWS_WITH_AS(layout::fixed<64 * MiB>::build(model, {}),
+                       doctest::Contains("tensor 'wte' needs 147.24 MiB (154389504 bytes) but chunks hold 64.00 MiB; "
+                                         "use a chunk size of at least 147.24 MiB"),
+                       error);
+  try {
+    (void)layout::fixed<64 * MiB>::build(model, {});
+  } catch (const error& e) {
+    CHECK(e.code() == error_code::layout_error);
+  }
+  CHECK_THROWS_WITH_AS(layout::per_tensor::build(model, {.ranks = 0}), doctest::Contains("ranks is 0"), error);
+  CHECK_THROWS_WITH_AS(layout::min_waste<>::build(model, {.ranks = 2, .alignment = 100}),
+                       doctest::Contains("alignment 100 is not a power of two"), error);
+  CHECK_THROWS_WITH_AS((layout::min_waste<64 * MiB, 32 * MiB, 100 * MiB>::build(model, {})),
+                       doctest::Contains("tensor 'wte' needs 147.24 MiB"), error);
+
+  auto zero = model;
+  zero.tensors[5].elements = 0;
+  CHECK_THROWS_WITH_AS(layout::fixed<1 * GiB>::build(zero, {}), doctest::Contains("has zero elements"), error);
+}
+
+TEST_CASE("a capped min_waste search stays at or below its maximum chunk") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const auto capped = layout::min_waste<1 * GiB, 0, 160 * MiB>::search(model, {.ranks = 2});
+  CHECK(capped.highest <= 160 * MiB);
+  CHECK(capped.best <= 160 * MiB);
+  CHECK(capped.best >= model.largest_tensor_bytes());
+}

@@ -1,0 +1,210 @@
+#include <chunkwise/profile.hpp>
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+using namespace chunkwise;
+
+// The published GPT-2 sizes, counted with tied embeddings, biases and layer norms.
+static_assert(gpt2_profile(gpt2_124m).parameter_count() == 124'439'808);
+static_assert(gpt2_profile(gpt2_355m).parameter_count() == 354'823'168);
+static_assert(gpt2_profile(gpt2_774m).parameter_count() == 774'030'080);
+static_assert(gpt2_profile(gpt2_1558m).parameter_count() == 1'557'611'200);
+static_assert(gpt2_124m.parameter_count() == 124'439'808);
+
+namespace {
+std::filesystem::path temp_dir() {
+  auto dir = std::filesystem::temp_directory_path() / ("chunkwise_profile_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+model_profile tiny_model() {
+  model_profile m;
+  m.name = "tiny";
+  m.tensors = {{"a", 10}, {"b", 20, dtype::bf16}, {"c", 30, dtype::fp16, tensor_role::parameter, true}};
+  m.steps = {{"l0", step_kind::forward, {0, 1}, 100}, {"l1", step_kind::forward, {2}, 200},
+             {"l1", step_kind::backward, {2, 0}, 300}};
+  return m;
+}
+}  // namespace
+
+TEST_CASE("the GPT-2 profile lists its tensors in first-use order with the tied embedding first") {
+  for (const auto& config : gpt2_configs) {
+    CAPTURE(config.name.str());
+    const auto model = gpt2_profile(config);
+    CHECK_NOTHROW(validate(model));
+    CHECK(model.parameter_count() == config.parameter_count());
+    CHECK(model.tensors.size() == 2 + 12 * config.layers + 2);
+    CHECK(model.steps.size() == 2 * config.layers + 4);
+    CHECK(model.tensors[0].name.view() == "wte");
+    CHECK(model.tensors[0].tied);
+    std::size_t tied = 0;
+    for (const auto& t : model.tensors) tied += t.tied;
+    CHECK(tied == 1);
+    CHECK(model.largest_tensor_bytes() == std::uint64_t{config.vocab} * config.d_model * 4);
+  }
+}
+
+TEST_CASE("the GPT-2 steps run forward then backward in mirror order, touching the head's tied embedding") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const auto& steps = model.steps;
+  CHECK(steps.front().label.view() == "embed");
+  CHECK(steps[1].label.view() == "h.0");
+  CHECK(steps[1].tensors.size() == 12);
+  CHECK(model.tensors[steps[1].tensors[2]].name.view() == "h.0.attn.c_attn.weight");
+  CHECK(model.tensors[steps[1].tensors[2]].elements == 768u * 3 * 768);
+  CHECK(steps[13].label.view() == "head");
+  CHECK(steps[13].tensors.back() == 0);  // LM head = wte
+  CHECK(steps[14].kind == step_kind::backward);
+  CHECK(steps[15].label.view() == "h.11");
+  CHECK(steps.back().label.view() == "embed");
+  CHECK(steps.back().kind == step_kind::backward);
+  for (std::size_t layer = 0; layer < 12; ++layer)
+    CHECK(steps[15 + layer].tensors == steps[12 - layer].tensors);
+  CHECK(model.access_order().size() == 2 + 12 * 12 + 3 + 3 + 12 * 12 + 2);
+}
+
+TEST_CASE("GPT-2 activation bytes follow llm.c's count and peak in the head's backward") {
+  const auto config = gpt2_124m;
+  const auto model = gpt2_profile(config);
+  const std::uint64_t B = 4, T = 1024, C = 768, H = 12, V = 50257;
+  const std::uint64_t embed = B * T * C * 4;
+  const std::uint64_t layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
+  const std::uint64_t head = (B * T * (C + 2) + 2 * B * T * V + B * T) * 4;
+  CHECK(model.steps[0].activation_bytes == embed);
+  CHECK(model.steps[1].activation_bytes == embed + layer);
+  CHECK(model.steps[12].activation_bytes == embed + 12 * layer);
+  CHECK(model.steps[13].activation_bytes == embed + 12 * layer + head);
+  CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + B * T * V * 4);
+  CHECK(model.steps[14].activation_bytes == model.peak_activation_bytes());
+  // bf16 halves every byte count.
+  auto half = config;
+  half.type = dtype::bf16;
+  CHECK(gpt2_profile(half).peak_activation_bytes() * 2 == model.peak_activation_bytes());
+  CHECK(gpt2_profile(half).tensor_bytes() * 2 == model.tensor_bytes());
+}
+
+TEST_CASE("bad GPT-2 configs and unknown model names are errors that say what would work") {
+  auto config = gpt2_124m;
+  config.heads = 7;
+  CHECK_THROWS_WITH_AS(gpt2_profile(config), doctest::Contains("d_model 768 is not divisible by heads 7"), error);
+  config = gpt2_124m;
+  config.layers = 0;
+  CHECK_THROWS_WITH_AS(gpt2_profile(config), doctest::Contains("zero dimension"), error);
+  CHECK_THROWS_WITH_AS(find_gpt2_config("gpt5"), doctest::Contains("known models: gpt2-124m, gpt2-355m"), error);
+  CHECK(find_gpt2_config("gpt-20b").layers == 44);
+}
+
+TEST_CASE("validate rejects empty models, empty tensors, bad indices and tensors out of first-use order") {
+  model_profile empty;
+  empty.name = "empty";
+  CHECK_THROWS_WITH_AS(validate(empty), doctest::Contains("model profile 'empty': has no tensors"), error);
+
+  auto zero = tiny_model();
+  zero.tensors[1].elements = 0;
+  CHECK_THROWS_WITH_AS(validate(zero), doctest::Contains("tensor #1 'b' has zero elements"), error);
+
+  auto bad_index = tiny_model();
+  bad_index.steps[1].tensors.push_back(7);
+  CHECK_THROWS_WITH_AS(validate(bad_index), doctest::Contains("touches tensor #7 but the profile has 3 tensors"), error);
+
+  auto out_of_order = tiny_model();
+  out_of_order.steps[0].tensors = {0, 2};
+  out_of_order.steps[1].tensors = {1};
+  CHECK_THROWS_WITH_AS(validate(out_of_order), doctest::Contains("tensor #2 'c' is first used (step #0) before tensor #1 'b'"),
+                       error);
+  const auto sorted = sort_by_first_use(out_of_order);
+  CHECK_NOTHROW(validate(sorted));
+  CHECK(sorted.tensors[1].name.view() == "c");
+  CHECK(sorted.tensors[2].name.view() == "b");
+  CHECK(sorted.steps[0].tensors == std::vector<std::uint32_t>{0, 1});
+  CHECK(sorted.steps[1].tensors == std::vector<std::uint32_t>{2});
+
+  auto same_step_any_order = tiny_model();
+  same_step_any_order.steps[0].tensors = {1, 0, 1};
+  CHECK_NOTHROW(validate(same_step_any_order));
+
+  auto untouched_in_middle = tiny_model();
+  untouched_in_middle.steps = {{"l0", step_kind::forward, {0, 2}, 1}};
+  CHECK_THROWS_AS(validate(untouched_in_middle), error);
+}
+
+TEST_CASE("a profile survives a JSON round trip through an atomically written file") {
+  const auto dir = temp_dir();
+  for (const auto& model : {tiny_model(), gpt2_profile(gpt2_124m)}) {
+    const auto file = dir / "profile.json";
+    save_model_profile(model, file);
+    const auto loaded = load_model_profile(file);
+    CHECK(loaded.name == model.name);
+    REQUIRE(loaded.tensors.size() == model.tensors.size());
+    for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+      CHECK(loaded.tensors[i].name == model.tensors[i].name);
+      CHECK(loaded.tensors[i].elements == model.tensors[i].elements);
+      CHECK(loaded.tensors[i].type == model.tensors[i].type);
+      CHECK(loaded.tensors[i].role == model.tensors[i].role);
+      CHECK(loaded.tensors[i].tied == model.tensors[i].tied);
+    }
+    REQUIRE(loaded.steps.size() == model.steps.size());
+    for (std::size_t i = 0; i < model.steps.size(); ++i) {
+      CHECK(loaded.steps[i].label == model.steps[i].label);
+      CHECK(loaded.steps[i].kind == model.steps[i].kind);
+      CHECK(loaded.steps[i].tensors == model.steps[i].tensors);
+      CHECK(loaded.steps[i].activation_bytes == model.steps[i].activation_bytes);
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      CHECK(entry.path().filename() == "profile.json");  // no temporary left behind
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("JSON profile errors name the field and its path") {
+  const auto base = to_json(tiny_model());
+  const auto load_with = [&](auto&& edit) {
+    auto document = base;
+    edit(document);
+    return model_profile_from_json(document, "p.json");
+  };
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][1].erase("elements"); }),
+                       doctest::Contains("p.json.tensors[1].elements: missing field"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][0]["elements"] = "ten"; }),
+                       doctest::Contains("p.json.tensors[0].elements: expected an unsigned integer, found string"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][0]["elements"] = -3; }),
+                       doctest::Contains("found negative integer"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][2]["dtype"] = "fp8"; }),
+                       doctest::Contains("p.json.tensors[2].dtype: unknown dtype \"fp8\""), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][2]["role"] = "weights"; }),
+                       doctest::Contains("p.json.tensors[2].role: unknown role"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["steps"][2]["tensors"][1] = 9; }),
+                       doctest::Contains("p.json.steps[2].tensors[1]: tensor index 9 is out of range"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["steps"][0]["kind"] = "sideways"; }),
+                       doctest::Contains("p.json.steps[0].kind: expected \"forward\" or \"backward\""), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["version"] = 2; }),
+                       doctest::Contains("p.json.version: version 2 is not supported"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d.erase("steps"); }), doctest::Contains("p.json.steps: missing field"),
+                       error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"] = nlohmann::json::object(); }),
+                       doctest::Contains("p.json.tensors: expected an array, found object"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][0]["elements"] = 0; }),
+                       doctest::Contains("has zero elements"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["name"] = std::string(200, 'n'); }),
+                       doctest::Contains("p.json.name: name has 200 characters"), error);
+  // Optional fields take their defaults.
+  const auto loaded = load_with([](auto& d) { d["tensors"][0].erase("role"); d["tensors"][0].erase("tied"); });
+  CHECK(loaded.tensors[0].role == tensor_role::parameter);
+  CHECK_FALSE(loaded.tensors[0].tied);
+}
+
+TEST_CASE("unreadable or malformed profile files are errors that name the file") {
+  const auto dir = temp_dir();
+  CHECK_THROWS_WITH_AS(load_model_profile(dir / "missing.json"), doctest::Contains("missing.json"), error);
+  const auto bad = dir / "bad.json";
+  std::ofstream(bad) << "{ \"format\": ";
+  CHECK_THROWS_WITH_AS(load_model_profile(bad), doctest::Contains("bad.json' is not valid JSON"), error);
+  CHECK_THROWS_WITH_AS(save_model_profile(tiny_model(), dir / "no" / "such" / "dir.json"),
+                       doctest::Contains("does not exist"), error);
+  std::filesystem::remove_all(dir);
+}
