@@ -7,9 +7,10 @@
 // The search. With next-fit in first-use order the chunk count k(S) is non-increasing in the capacity S
 // (detail/next_fit.hpp), and waste(S) = k(S) * S - tensor_bytes. Within a run of capacities with the same k,
 // waste grows with S, so the optimum is the smallest capacity of some run. We walk those run starts from lo upwards:
-// from the start of a run with k chunks, a binary search over the grid finds the smallest capacity that needs at
-// most k - 1 chunks (the predicate is monotone). Cost: O(levels * n * log(grid points)), levels <= k(lo) - k(hi);
-// ties go to the smaller capacity (finer-grained prefetch and eviction).
+// from the start of a run with k chunks, an exponential search from the expected next level (about S / k further)
+// and a bisection find the smallest capacity that needs at most k - 1 chunks (the predicate is monotone).
+// Cost: O(levels * n * log(S / (k * step))), levels <= k(lo) - k(hi); next-fit runs over a dense array of aligned
+// sizes, with no division in its loop. Ties go to the smaller capacity (finer-grained prefetch and eviction).
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
@@ -62,22 +63,43 @@ constexpr chunk_size_search search_min_waste(const model_profile& model, const l
   const std::uint64_t points = (range.highest - range.lowest) / range.step;  // grid indices 0..points
   const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.step; };
 
+  const auto extents = detail::extents_of(model, options.alignment);
+  const auto chunks_at = [&](std::uint64_t j, std::uint64_t limit = detail::too_many) {
+    return detail::count_chunks(extents, capacity_at(j), limit);
+  };
+
   std::uint64_t j = 0;
-  std::uint64_t k = detail::count_chunks(model, range.lowest, options.alignment);
+  std::uint64_t k = chunks_at(0);
   range.best = range.lowest;
   range.chunk_count = k;
   range.waste = k * range.lowest - tensor_bytes;
   while (k > 1 && j < points) {
-    // Smallest grid index in (j, points] whose capacity needs at most k - 1 chunks.
-    if (detail::count_chunks(model, capacity_at(points), options.alignment, k - 1) > k - 1) break;
-    std::uint64_t low = j + 1, high = points;
-    while (low < high) {
-      const std::uint64_t mid = low + (high - low) / 2;
-      if (detail::count_chunks(model, capacity_at(mid), options.alignment, k - 1) <= k - 1) high = mid;
-      else low = mid + 1;
+    // Smallest grid index in (j, points] whose capacity needs at most k - 1 chunks. Levels sit about S / k apart
+    // (one chunk's worth spread over the others): probe there, double the stride until a probe needs fewer
+    // chunks, then bisect the last stride. Invariant: index `low` needs k or more chunks, `high` fewer.
+    const auto fewer = [&](std::uint64_t index) { return chunks_at(index, k - 1) <= k - 1; };
+    const std::uint64_t guess = capacity_at(j) / k / range.step;
+    std::uint64_t low = j, high = 0, stride = guess < 1 ? 1 : guess;
+    bool found = false;
+    for (;;) {
+      const std::uint64_t probe = low + stride < points ? low + stride : points;
+      if (fewer(probe)) {
+        high = probe;
+        found = true;
+        break;
+      }
+      if (probe == points) break;
+      low = probe;
+      stride *= 2;
     }
-    j = low;
-    k = detail::count_chunks(model, capacity_at(j), options.alignment);
+    if (!found) break;  // no capacity in range needs fewer chunks
+    while (high - low > 1) {
+      const std::uint64_t mid = low + (high - low) / 2;
+      if (fewer(mid)) high = mid;
+      else low = mid;
+    }
+    j = high;
+    k = chunks_at(j);
     const byte_count waste = k * capacity_at(j) - tensor_bytes;
     if (waste < range.waste) {
       range.best = capacity_at(j);

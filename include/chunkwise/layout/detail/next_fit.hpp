@@ -13,35 +13,48 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace chunkwise::layout::detail {
 
 inline constexpr std::uint64_t too_many = std::numeric_limits<std::uint64_t>::max();
 
+/// What next-fit needs of a tensor, packed densely: the search walks this list thousands of times.
+/// A chunk starts aligned, so the aligned offset of the next tensor is the running sum of aligned sizes: no division
+/// in the inner loop.
+struct tensor_extent {
+  byte_count bytes = 0;
+  byte_count aligned_bytes = 0;  // bytes rounded up to the alignment
+  bool tied = false;
+};
+
+constexpr std::vector<tensor_extent> extents_of(const model_profile& model, byte_count alignment) {
+  std::vector<tensor_extent> extents;
+  extents.reserve(model.tensors.size());
+  for (const auto& t : model.tensors) extents.push_back({t.bytes(), round_up(t.bytes(), alignment), t.tied});
+  return extents;
+}
+
 /// Chunks next-fit uses at `capacity`; stops counting (returns a value > limit) once more than `limit` are needed.
 /// Every tensor must fit: capacity >= the largest tensor.
-constexpr std::uint64_t count_chunks(const model_profile& model, byte_count capacity, byte_count alignment,
+constexpr std::uint64_t count_chunks(const std::vector<tensor_extent>& extents, byte_count capacity,
                                      std::uint64_t limit = too_many) noexcept {
   std::uint64_t count = 0;
   bool open = false;
-  byte_count end = 0;
-  for (const auto& t : model.tensors) {
-    const byte_count bytes = t.bytes();
+  byte_count next_offset = 0;  // aligned offset where the open chunk's next tensor would go
+  for (const auto& t : extents) {
     if (t.tied) {
       open = false;
       if (++count > limit) return count;
       continue;
     }
-    if (open) {
-      const byte_count offset = round_up(end, alignment);
-      if (offset + bytes <= capacity) {
-        end = offset + bytes;
-        continue;
-      }
+    if (open && next_offset + t.bytes <= capacity) {
+      next_offset += t.aligned_bytes;
+      continue;
     }
     if (++count > limit) return count;
     open = true;
-    end = bytes;
+    next_offset = t.aligned_bytes;
   }
   return count;
 }
