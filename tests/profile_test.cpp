@@ -208,3 +208,112 @@ TEST_CASE("unreadable or malformed profile files are errors that name the file")
                        doctest::Contains("does not exist"), error);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+/// A GPT-2 training loop's skeleton run against the tracer: the same registrations, touches and activation
+/// allocations a trainer in the style of llm.c makes, with no tensor memory.
+model_profile trace_gpt2(const gpt2_config& config) {
+  tracer trace(config.name);
+  const std::uint64_t C = config.d_model, V = config.vocab, T = config.context, B = config.micro_batch,
+                      H = config.heads;
+  const byte_count e = size_of(config.type);
+  const tensor_options fp{config.type};
+  // Registration order differs from first-use order on purpose (the head's layer norm first): profile() sorts.
+  const auto ln_f_w = trace.register_tensor("ln_f.weight", C, fp);
+  const auto ln_f_b = trace.register_tensor("ln_f.bias", C, fp);
+  const auto wte = trace.register_tensor("wte", V * C, {config.type, tensor_role::parameter, true});
+  const auto wpe = trace.register_tensor("wpe", T * C, fp);
+  const char* suffixes[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                            "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                            "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+  const std::uint64_t sizes[] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+  std::vector<std::vector<tensor_handle>> layers(config.layers);
+  for (std::uint32_t l = 0; l < config.layers; ++l)
+    for (int i = 0; i < 12; ++i)
+      layers[l].push_back(
+          trace.register_tensor(("h." + std::to_string(l) + "." + suffixes[i]).c_str(), sizes[i], fp));
+
+  trace.begin_step("embed", step_kind::forward);
+  trace.touch(wte);
+  trace.touch(wpe);
+  const auto encoded = trace.allocate_activation(B * T * C * e);
+  trace.end_step();
+  std::vector<activation_handle> saved;
+  for (std::uint32_t l = 0; l < config.layers; ++l) {
+    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::forward);
+    for (const auto t : layers[l]) trace.touch(t);
+    saved.push_back(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
+    trace.end_step();
+  }
+  trace.begin_step("head", step_kind::forward);
+  trace.touch(ln_f_w);
+  trace.touch(ln_f_b);
+  trace.touch(wte);
+  const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * e);
+  trace.end_step();
+
+  trace.begin_step("head", step_kind::backward);
+  for (const auto t : {ln_f_w, ln_f_b, wte}) trace.touch(t);
+  trace.free_activation(trace.allocate_activation(B * T * V * e));  // dlogits
+  trace.free_activation(head);
+  trace.end_step();
+  for (std::uint32_t l = config.layers; l-- > 0;) {
+    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::backward);
+    for (const auto t : layers[l]) trace.touch(t);
+    trace.free_activation(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
+    trace.free_activation(saved[l]);
+    trace.end_step();
+  }
+  trace.begin_step("embed", step_kind::backward);
+  trace.touch(wte);
+  trace.touch(wpe);
+  trace.free_activation(trace.allocate_activation(B * T * C * e));
+  trace.free_activation(encoded);
+  trace.end_step();
+  CHECK(trace.live_activation_bytes() == 0);
+  return trace.profile();
+}
+}  // namespace
+
+TEST_CASE("a traced GPT-2 loop gives the same profile as the analytic one") {
+  for (const auto& config : {gpt2_124m, gpt2_355m}) {
+    const auto traced = trace_gpt2(config);
+    const auto analytic = gpt2_profile(config);
+    REQUIRE(traced.tensors.size() == analytic.tensors.size());
+    for (std::size_t i = 0; i < analytic.tensors.size(); ++i) {
+      CHECK(traced.tensors[i].name == analytic.tensors[i].name);
+      CHECK(traced.tensors[i].elements == analytic.tensors[i].elements);
+      CHECK(traced.tensors[i].tied == analytic.tensors[i].tied);
+    }
+    REQUIRE(traced.steps.size() == analytic.steps.size());
+    for (std::size_t s = 0; s < analytic.steps.size(); ++s) {
+      CAPTURE(s);
+      CHECK(traced.steps[s].label == analytic.steps[s].label);
+      CHECK(traced.steps[s].kind == analytic.steps[s].kind);
+      CHECK(traced.steps[s].tensors == analytic.steps[s].tensors);
+      CHECK(traced.steps[s].activation_bytes == analytic.steps[s].activation_bytes);
+    }
+  }
+}
+
+TEST_CASE("the tracer rejects calls out of order with a message that says what to call") {
+  tracer trace("t");
+  const auto a = trace.register_tensor("a", 4);
+  CHECK_THROWS_WITH_AS(trace.touch(a), doctest::Contains("touch outside a step; call begin_step first"), error);
+  CHECK_THROWS_WITH_AS(trace.register_tensor("a", 4), doctest::Contains("'a' registered twice"), error);
+  CHECK_THROWS_WITH_AS(trace.register_tensor("z", 0), doctest::Contains("'z' has zero elements"), error);
+  trace.begin_step("s", step_kind::forward);
+  CHECK_THROWS_WITH_AS(trace.begin_step("s2", step_kind::forward), doctest::Contains("still open"), error);
+  CHECK_THROWS_WITH_AS(trace.register_tensor("b", 4), doctest::Contains("before the first step"), error);
+  CHECK_THROWS_WITH_AS(trace.touch(tensor_handle{5}), doctest::Contains("only 1 tensors are registered"), error);
+  CHECK_THROWS_WITH_AS(trace.profile(), doctest::Contains("is open"), error);
+  trace.touch(a);
+  trace.touch(a);
+  const auto act = trace.allocate_activation(100);
+  trace.free_activation(act);
+  CHECK_THROWS_WITH_AS(trace.free_activation(act), doctest::Contains("not allocated"), error);
+  trace.end_step();
+  const auto profile = trace.profile();
+  CHECK(profile.steps[0].tensors == std::vector<std::uint32_t>{0});
+  CHECK(profile.steps[0].activation_bytes == 100);
+}

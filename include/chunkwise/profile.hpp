@@ -3,3 +3,4 @@
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/profile/json.hpp>
 #include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/profile/tracer.hpp>
