@@ -317,3 +317,17 @@ TEST_CASE("the tracer rejects calls out of order with a message that says what t
   CHECK(profile.steps[0].tensors == std::vector<std::uint32_t>{0});
   CHECK(profile.steps[0].activation_bytes == 100);
 }
+
+TEST_CASE("GPT-2 FLOPs are 6 per parameter per token plus attention, as llm.c counts them") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const std::uint64_t B = 4, T = 1024, C = 768, V = 50257, L = 12;
+  const std::uint64_t forward = L * (2 * B * T * 12 * C * C + 4 * B * T * T * C) + 2 * B * T * C * V;
+  CHECK(model.total_flops() == 3 * forward);
+  // The matrix products alone are 6 FLOPs per non-embedding parameter per token, plus the tied head.
+  const std::uint64_t matmul_params = L * 12 * C * C + V * C;
+  CHECK(model.total_flops() - 3 * L * 4 * B * T * T * C == 6 * matmul_params * B * T);
+  const auto dir = temp_dir();
+  save_model_profile(model, dir / "f.json");
+  CHECK(load_model_profile(dir / "f.json").total_flops() == model.total_flops());
+  std::filesystem::remove_all(dir);
+}

@@ -17,6 +17,10 @@
 // A forward step holds everything saved so far. A backward step holds what is still saved plus the gradients of the
 // step's own activations (one layer's worth, or the head's logits gradient), the working set of llm.c's backward.
 // Times size_of(dtype) bytes.
+//
+// FLOPs (a multiply-add is two), forward, as llm.c counts them: per layer 2*B*T*12*C^2 for the four matrix products
+// plus 2*2*B*T*T*C for the attention scores and their weighted sum (computed for the full square, as llm.c does);
+// the LM head 2*B*T*C*V; the embedding and layer norms are counted as zero. Backward is twice forward.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
@@ -106,6 +110,8 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count layer_acts = (b * t * (18 * c + 4) + 2 * b * h * t * t) * element;
   const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
   const byte_count head_grad_acts = b * t * v * element;  // dlogits
+  const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
+  const std::uint64_t head_flops = 2 * b * t * c * v;
 
   model_profile model;
   model.name = config.name;
@@ -127,20 +133,22 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
     for (std::size_t i = 0; i < suffixes.size(); ++i)
       step.tensors.push_back(add(detail::layer_tensor_name(layer, suffixes[i]), sizes[i]));
     step.activation_bytes = embed_acts + (layer + 1) * layer_acts;
+    step.flops = layer_flops;
     model.steps.push_back(step);
   }
   const std::uint32_t ln_f_weight = add("ln_f.weight", c);
   const std::uint32_t ln_f_bias = add("ln_f.bias", c);
   const byte_count all_saved = embed_acts + config.layers * layer_acts + head_acts;
-  model.steps.push_back(profile_step{"head", step_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved});
+  model.steps.push_back(profile_step{"head", step_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved, head_flops});
 
   // Backward: head, layers in reverse, embedding. A step's saved activations are freed after it runs.
   model.steps.push_back(
-      profile_step{"head", step_kind::backward, {ln_f_weight, ln_f_bias, wte}, all_saved + head_grad_acts});
+      profile_step{"head", step_kind::backward, {ln_f_weight, ln_f_bias, wte}, all_saved + head_grad_acts, 2 * head_flops});
   for (std::uint32_t layer = config.layers; layer-- > 0;) {
     profile_step step = model.steps[1 + layer];
     step.kind = step_kind::backward;
     step.activation_bytes = embed_acts + (layer + 1) * layer_acts + layer_acts;
+    step.flops = 2 * layer_flops;
     model.steps.push_back(step);
   }
   model.steps.push_back(profile_step{"embed", step_kind::backward, {wte, wpe}, embed_acts + b * t * c * element});

@@ -2,8 +2,9 @@
 // model_profile <-> JSON. The format (version 1):
 //   { "format": "chunkwise.model_profile", "version": 1, "name": "gpt2-124m",
 //     "tensors": [ { "name": "wte", "elements": 38597376, "dtype": "fp32", "role": "parameter", "tied": true }, ... ],
-//     "steps":   [ { "label": "h.0", "kind": "forward", "tensors": [2, 3, ...], "activation_bytes": 123 }, ... ] }
-// "role" defaults to "parameter" and "tied" to false. Loading validates field types (errors name the field's path)
+//     "steps":   [ { "label": "h.0", "kind": "forward", "tensors": [2, 3, ...], "activation_bytes": 123,
+//                  "flops": 456 }, ... ] }
+// "role" defaults to "parameter", "tied" to false, a step's "flops" to 0 (unknown). Loading validates field types (errors name the field's path)
 // and then the profile itself (validate()).
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/error.hpp>
@@ -33,7 +34,8 @@ inline nlohmann::json to_json(const model_profile& model) {
     steps.push_back({{"label", s.label.str()},
                      {"kind", std::string(to_string(s.kind))},
                      {"tensors", s.tensors},
-                     {"activation_bytes", s.activation_bytes}});
+                     {"activation_bytes", s.activation_bytes},
+                     {"flops", s.flops}});
   return {{"format", model_profile_format}, {"version", model_profile_version}, {"name", model.name.str()},
           {"tensors", std::move(tensors)},  {"steps", std::move(steps)}};
 }
@@ -96,6 +98,7 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
       step.tensors.push_back(static_cast<std::uint32_t>(index));
     }
     step.activation_bytes = json_unsigned(json_field(entry, "activation_bytes", at), at + ".activation_bytes");
+    if (entry.contains("flops")) step.flops = json_unsigned(entry["flops"], at + ".flops");
     model.steps.push_back(std::move(step));
   }
   validate(model);

@@ -26,6 +26,9 @@ struct profile_step {
   /// Activation bytes alive while the step runs: everything saved for backward so far plus the step's own working
   /// set (bytes per rank, one micro-batch).
   byte_count activation_bytes = 0;
+  /// Floating-point operations the step performs (multiply-adds count two), for the cost model's compute time.
+  /// 0 when unknown.
+  std::uint64_t flops = 0;
 };
 
 struct model_profile {
@@ -47,6 +50,11 @@ struct model_profile {
   [[nodiscard]] constexpr byte_count largest_tensor_bytes() const noexcept {
     byte_count n = 0;
     for (const auto& t : tensors) n = t.bytes() > n ? t.bytes() : n;
+    return n;
+  }
+  [[nodiscard]] constexpr std::uint64_t total_flops() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : steps) n += s.flops;
     return n;
   }
   [[nodiscard]] constexpr byte_count peak_activation_bytes() const noexcept {

@@ -72,6 +72,12 @@ class tracer {
     current_.tensors.push_back(tensor.index);
   }
 
+  /// Floating-point work the open step does (a multiply-add counts two), for the cost model's compute time.
+  void add_flops(std::uint64_t flops) {
+    require_step("add_flops");
+    current_.flops += flops;
+  }
+
   /// Activation memory the trainer would allocate now; alive until free_activation (possibly in a later step).
   activation_handle allocate_activation(byte_count bytes) {
     require_step("allocate_activation");
