@@ -331,3 +331,35 @@ TEST_CASE("GPT-2 FLOPs are 6 per parameter per token plus attention, as llm.c co
   CHECK(load_model_profile(dir / "f.json").total_flops() == model.total_flops());
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a machine profile survives a JSON round trip and bad fields are named") {
+  auto machine = describe_machine({.gpus = 4, .gpu_memory = 24 * GiB, .host_memory = 128 * GiB});
+  machine.all_gather = {};
+  machine.all_gather.add(1 * MiB, 5e9);
+  machine.all_gather.add(64 * MiB, 12e9);
+  CHECK_NOTHROW(validate(machine));
+  CHECK(machine.all_gather.at(512 * KiB) == 5e9);
+  CHECK(machine.all_gather.at(1 * GiB) == 12e9);
+  CHECK(machine.all_gather.at(1 * MiB + 63 * MiB / 2) == doctest::Approx(8.5e9));
+  const auto dir = temp_dir();
+  save_machine_profile(machine, dir / "m.json");
+  const auto loaded = load_machine_profile(dir / "m.json");
+  CHECK(to_json(loaded) == to_json(machine));
+
+  auto document = to_json(machine);
+  document["all_gather"][1].erase("bytes_per_second");
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"),
+                       doctest::Contains("m.all_gather[1].bytes_per_second: missing field"), error);
+  document = to_json(machine);
+  document["devices"] = 0;
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"), doctest::Contains("devices is 0"), error);
+  document = to_json(machine);
+  document["kind"] = "tpu";
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"), doctest::Contains("m.kind: expected \"cuda\" or \"host\""),
+                       error);
+  document = to_json(machine);
+  document["all_reduce"] = nlohmann::json::array();
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"),
+                       doctest::Contains("several devices need all_gather, reduce_scatter and all_reduce"), error);
+  std::filesystem::remove_all(dir);
+}

@@ -4,3 +4,5 @@
 #include <chunkwise/profile/json.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/profile/tracer.hpp>
+#include <chunkwise/profile/machine_json.hpp>
+#include <chunkwise/profile/machine_profile.hpp>
