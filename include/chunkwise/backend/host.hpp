@@ -1,0 +1,79 @@
+#pragma once
+// The host backend: "device" memory is host memory, each stream is a worker thread running its queue in order, and
+// events are completion flags. Every memory-limited scenario of the CUDA backend runs on a CPU-only machine this way.
+#include <chunkwise/backend/concepts.hpp>
+#include <chunkwise/backend/detail/task_queue.hpp>
+#include <chunkwise/core/bytes.hpp>
+
+#include <cstring>
+#include <memory>
+
+namespace chunkwise {
+
+/// An ordered queue of work run by one worker thread (the host stand-in for cudaStream_t).
+class host_stream {
+ public:
+  host_stream() : queue_(1) {}
+  template <class Task>
+  void enqueue(Task&& task) {
+    queue_.push(std::forward<Task>(task));
+  }
+  /// Blocks until everything queued so far has run; rethrows a task's error.
+  void synchronize() {
+    queue_.drain();
+    queue_.rethrow_if_failed();
+  }
+
+ private:
+  detail::task_queue queue_;
+};
+
+/// Completes when the work queued on its stream before it was recorded has run (cudaEvent_t's stand-in).
+/// Copyable handle; an empty (default) event is complete.
+class host_event {
+ public:
+  host_event() = default;
+  explicit host_event(std::shared_ptr<detail::completion> state) : state_(std::move(state)) {}
+  [[nodiscard]] bool ready() const noexcept { return !state_ || state_->ready(); }
+  void wait() const {
+    if (state_) state_->wait();
+  }
+
+ private:
+  std::shared_ptr<detail::completion> state_;
+};
+
+class host_backend {
+ public:
+  using stream_ref = host_stream&;
+  using event_type = host_event;
+  static constexpr const char* name = "host";
+
+  host_stream& h2d() noexcept { return h2d_; }
+  host_stream& d2h() noexcept { return d2h_; }
+
+  void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
+    stream.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+  host_event record(host_stream& stream) {
+    auto state = std::make_shared<detail::completion>();
+    stream.enqueue([state] { state->complete(); });
+    return host_event(std::move(state));
+  }
+  /// The stream's worker waits for the event before running later work: host-side, but off the caller's thread.
+  void wait_on(host_stream& stream, const host_event& event) {
+    if (event.ready()) return;
+    stream.enqueue([event] { event.wait(); });
+  }
+  bool ready(const host_event& event) const noexcept { return event.ready(); }
+  void wait(const host_event& event) const { event.wait(); }
+  void synchronize(host_stream& stream) { stream.synchronize(); }
+
+ private:
+  host_stream h2d_;
+  host_stream d2h_;
+};
+
+static_assert(backend<host_backend>);
+
+}  // namespace chunkwise

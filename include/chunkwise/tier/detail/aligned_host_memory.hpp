@@ -1,0 +1,110 @@
+#pragma once
+// Budgeted aligned host allocations: the body of every host-backend tier (device stand-in, pinned, pageable).
+#include <chunkwise/backend/host.hpp>
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/tier/concepts.hpp>
+#include <chunkwise/tier/detail/budget.hpp>
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace chunkwise::detail {
+
+inline constexpr std::size_t page_bytes = 4096;
+
+/// Checks that an alignment is a power of two; 0 means "the tier's default".
+inline std::size_t checked_alignment(std::size_t alignment, std::size_t minimum, const std::string& tier) {
+  if (alignment == 0) return minimum;
+  if ((alignment & (alignment - 1)) != 0)
+    raise(error_code::invalid_argument,
+          tier + " tier: alignment " + std::to_string(alignment) + " is not a power of two");
+  return alignment < minimum ? minimum : alignment;
+}
+
+class aligned_host_memory {
+ public:
+  aligned_host_memory(std::string_view name, byte_count capacity, std::size_t min_alignment, bool lock_pages)
+      : budget_(name, capacity), min_alignment_(min_alignment), lock_pages_(lock_pages) {}
+
+  void* allocate(byte_count bytes, std::size_t alignment) {
+    alignment = checked_alignment(alignment, min_alignment_, budget_.name());
+    budget_.reserve(bytes);
+    void* memory = nullptr;
+    // posix_memalign wants a size > 0; round to the alignment so O_DIRECT may use the tail of the buffer.
+    const byte_count rounded = round_up(bytes == 0 ? 1 : bytes, alignment);
+    if (const int rc = ::posix_memalign(&memory, alignment, rounded); rc != 0) {
+      budget_.release(bytes);
+      raise(rc == ENOMEM ? error_code::out_of_memory : error_code::invalid_argument,
+            budget_.name() + " tier: posix_memalign(" + std::to_string(alignment) + ", " + std::to_string(rounded) +
+                ") failed: " + std::strerror(rc) + " (the budget allowed it: " + format_bytes(budget_.in_use()) +
+                " in use of " + format_bytes(budget_.capacity()) + ")");
+    }
+    if (lock_pages_ && ::mlock(memory, rounded) != 0) {
+      const int e = errno;
+      std::free(memory);
+      budget_.release(bytes);
+      raise(error_code::out_of_memory, budget_.name() + " tier: mlock(" + std::to_string(rounded) +
+                                           " bytes) failed: " + std::strerror(e) +
+                                           " (raise RLIMIT_MEMLOCK or turn page locking off)");
+    }
+    return memory;
+  }
+
+  void deallocate(void* memory, byte_count bytes, std::size_t alignment) noexcept {
+    if (memory == nullptr) return;
+    if (lock_pages_) {
+      const std::size_t a = alignment < min_alignment_ ? min_alignment_ : alignment;
+      ::munlock(memory, round_up(bytes == 0 ? 1 : bytes, a));
+    }
+    std::free(memory);
+    budget_.release(bytes);
+  }
+
+  byte_budget& budget() noexcept { return budget_; }
+  const byte_budget& budget() const noexcept { return budget_; }
+
+ private:
+  byte_budget budget_;
+  std::size_t min_alignment_;
+  bool lock_pages_;
+};
+
+/// The shared surface of the host-backend tiers: `Space` names the space, `Derived` adds the property friends.
+template <class Space>
+class host_backend_tier {
+ public:
+  using space = Space;
+  using handle_type = void*;
+  using stream_ref = host_stream&;
+
+  void* allocate(host_stream& /*stream*/, byte_count bytes, std::size_t alignment = 0) {
+    return memory_.allocate(bytes, alignment);  // host memory is usable at once, by every stream
+  }
+  /// Freed once the work queued on `stream` so far has run (it may still be reading the block).
+  void deallocate(host_stream& stream, void* block, byte_count bytes, std::size_t alignment = 0) {
+    stream.enqueue([this, block, bytes, alignment] { memory_.deallocate(block, bytes, alignment); });
+  }
+  void* allocate_sync(byte_count bytes, std::size_t alignment = 0) { return memory_.allocate(bytes, alignment); }
+  void deallocate_sync(void* block, byte_count bytes, std::size_t alignment = 0) noexcept {
+    memory_.deallocate(block, bytes, alignment);
+  }
+
+  [[nodiscard]] tier_stats stats() const noexcept { return memory_.budget().stats(); }
+  [[nodiscard]] byte_count capacity() const noexcept { return memory_.budget().capacity(); }
+  void note_read(byte_count bytes) noexcept { memory_.budget().note_read(bytes); }
+  void note_written(byte_count bytes) noexcept { memory_.budget().note_written(bytes); }
+
+ protected:
+  host_backend_tier(std::string_view name, byte_count capacity, std::size_t min_alignment, bool lock_pages)
+      : memory_(name, capacity, min_alignment, lock_pages) {}
+
+ private:
+  aligned_host_memory memory_;
+};
+
+}  // namespace chunkwise::detail

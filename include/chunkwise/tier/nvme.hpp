@@ -1,0 +1,490 @@
+#pragma once
+// The NVMe tier: chunk blocks in one preallocated file per store (fallocate), opened with O_DIRECT, moved in requests
+// of `io_bytes` with `queue_depth` of them in flight through io_uring, or through a thread pool of pread/pwrite where
+// io_uring is not built or not permitted (detected at run time; `describe()` says which path is active). Every request
+// carries a CRC-32C computed on write and verified on read: a corrupted block is reported, never returned as data.
+//
+// Buffers handed to read/write must be aligned to `io_alignment` and have room for round_up(bytes, io_alignment)
+// (the pinned staging buffers of the transfer engine are). A block is read back with the byte count it was written
+// with: chunks move whole.
+#include <chunkwise/backend/detail/task_queue.hpp>
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/tier/checksum.hpp>
+#include <chunkwise/tier/concepts.hpp>
+#include <chunkwise/tier/detail/budget.hpp>
+#include <chunkwise/tier/detail/posix.hpp>
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#if CHUNKWISE_HAS_URING
+#include <liburing.h>
+#endif
+
+namespace chunkwise {
+
+enum class nvme_io_path : std::uint8_t {
+  automatic,  // io_uring when built and permitted, else the thread pool
+  io_uring,   // io_uring or an error
+  threads,    // the pread/pwrite thread pool
+};
+
+struct nvme_options {
+  std::filesystem::path directory = std::filesystem::temp_directory_path();
+  byte_count capacity = 0;      // bytes the store file holds (rounded down to whole blocks)
+  byte_count block_bytes = 0;   // bytes of one block (a chunk); rounded up to io_alignment on disk
+  byte_count io_bytes = 1 * MiB;  // bytes of one request; each carries a checksum
+  unsigned queue_depth = 4;     // requests in flight
+  nvme_io_path path = nvme_io_path::automatic;
+  bool direct_io = true;        // O_DIRECT; where the file system refuses it (tmpfs) the store says so and runs buffered
+};
+
+/// A block of the store. Default-constructed: no block.
+struct nvme_block {
+  std::uint32_t slot = std::numeric_limits<std::uint32_t>::max();
+  friend constexpr bool operator==(nvme_block, nvme_block) = default;
+};
+
+class nvme_tier {
+ public:
+  using space = space::nvme;
+  using handle_type = nvme_block;
+  using stream_ref = immediate_stream;
+  static constexpr std::size_t io_alignment = 4096;
+
+  explicit nvme_tier(const nvme_options& options)
+      : options_(validated(options)),
+        slot_bytes_(round_up(options_.block_bytes, io_alignment)),
+        slots_(slot_count(options_, slot_bytes_)),
+        segments_per_slot_(static_cast<std::uint32_t>(div_ceil(slot_bytes_, options_.io_bytes))),
+        budget_("NVMe", byte_count{slots_} * slot_bytes_) {
+    open_store();
+    try {
+      start_io();
+    } catch (...) {
+      close_store();
+      throw;
+    }
+    checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
+    written_bytes_.assign(slots_, 0);
+    free_slots_.reserve(slots_);
+    for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
+  }
+  nvme_tier(const nvme_tier&) = delete;
+  nvme_tier& operator=(const nvme_tier&) = delete;
+  ~nvme_tier() {
+    pool_.reset();
+#if CHUNKWISE_HAS_URING
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+#endif
+    close_store();
+  }
+
+  // ---- memory_tier ----
+  nvme_block allocate(immediate_stream, byte_count bytes, std::size_t alignment = 0) {
+    return allocate_sync(bytes, alignment);
+  }
+  void deallocate(immediate_stream, nvme_block block, byte_count bytes, std::size_t alignment = 0) {
+    deallocate_sync(block, bytes, alignment);
+  }
+  nvme_block allocate_sync(byte_count bytes, std::size_t /*alignment: blocks are io_alignment-aligned*/ = 0) {
+    if (bytes > options_.block_bytes)
+      detail::raise(error_code::invalid_argument, "NVMe tier: asked for a block of " + format_bytes(bytes) + " (" +
+                                              std::to_string(bytes) + " bytes); this store's blocks hold " +
+                                              format_bytes(options_.block_bytes));
+    std::lock_guard lock(slots_mutex_);
+    budget_.reserve(slot_bytes_);  // throws out_of_memory with the store's numbers when no slot is free
+    const std::uint32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    written_bytes_[slot] = 0;
+    return nvme_block{slot};
+  }
+  void deallocate_sync(nvme_block block, byte_count /*bytes*/ = 0, std::size_t /*alignment*/ = 0) {
+    check_block(block, "deallocate");
+    std::lock_guard lock(slots_mutex_);
+    free_slots_.push_back(block.slot);
+    budget_.release(slot_bytes_);
+  }
+  [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
+  [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
+  // The store counts its own traffic in read/write; these exist for the concept and for callers that bypass them.
+  void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
+  void note_written(byte_count bytes) noexcept { budget_.note_written(bytes); }
+
+  friend constexpr void get_property(const nvme_tier&, file_backed) noexcept {}
+
+  // ---- block I/O ----
+  /// Writes `bytes` (<= block_bytes) from `src` into `block`, checksumming each request. Blocks the calling thread
+  /// (the transfer engine calls it from its own worker).
+  void write(nvme_block block, const void* src, byte_count bytes) {
+    check_io(block, src, bytes, "write");
+    written_bytes_[block.slot] = 0;  // a failed write leaves the block unreadable, not stale
+    run_io(block, const_cast<void*>(src), bytes, /*writing=*/true);
+    written_bytes_[block.slot] = bytes;
+    budget_.note_written(bytes);
+  }
+  /// Reads `block` (written with exactly `bytes`) into `dst`, verifying every request's checksum.
+  void read(nvme_block block, void* dst, byte_count bytes) {
+    check_io(block, dst, bytes, "read");
+    const byte_count written = written_bytes_[block.slot];
+    if (written == 0)
+      detail::raise(error_code::illegal_state, "NVMe tier: read of block " + std::to_string(block.slot) +
+                                           ", which holds no data (never written, or its last write failed)");
+    if (written != bytes)
+      detail::raise(error_code::invalid_argument, "NVMe tier: read of " + std::to_string(bytes) + " bytes from block " +
+                                              std::to_string(block.slot) + ", which was written with " +
+                                              std::to_string(written) + " bytes; blocks are read whole");
+    run_io(block, dst, bytes, /*writing=*/false);
+    budget_.note_read(bytes);
+  }
+
+  // ---- what the store is ----
+  [[nodiscard]] nvme_io_path io_path() const noexcept { return active_path_; }
+  [[nodiscard]] bool direct_io() const noexcept { return direct_io_active_; }
+  [[nodiscard]] const std::filesystem::path& file() const noexcept { return file_; }
+  [[nodiscard]] byte_count block_bytes() const noexcept { return options_.block_bytes; }
+  [[nodiscard]] byte_count slot_bytes() const noexcept { return slot_bytes_; }
+  [[nodiscard]] std::uint32_t block_count() const noexcept { return slots_; }
+  [[nodiscard]] const nvme_options& options() const noexcept { return options_; }
+  /// Byte offset of a block in the store file (tests corrupt blocks through it).
+  [[nodiscard]] byte_count file_offset(nvme_block block) const noexcept { return byte_count{block.slot} * slot_bytes_; }
+
+  /// "io_uring, queue depth 4, 1.00 MiB requests, O_DIRECT, /tmp/chunkwise-store-12-0.bin" or the fallback and why.
+  [[nodiscard]] std::string describe() const {
+    std::string text = active_path_ == nvme_io_path::io_uring
+                           ? "io_uring"
+                           : "pread/pwrite thread pool (" + std::to_string(options_.queue_depth) + " threads)";
+    text += ", queue depth " + std::to_string(options_.queue_depth) + ", " + format_bytes(options_.io_bytes) +
+            " requests, " + (direct_io_active_ ? "O_DIRECT" : "buffered (O_DIRECT refused by the file system)") +
+            ", " + std::to_string(slots_) + " blocks of " + format_bytes(slot_bytes_) + " in " + file_.string();
+    if (!fallback_reason_.empty()) text += "; io_uring not used: " + fallback_reason_;
+    return text;
+  }
+
+ private:
+  static nvme_options validated(const nvme_options& options) {
+    if (options.block_bytes == 0)
+      detail::raise(error_code::invalid_argument, "NVMe tier: block_bytes is 0; set it to the chunk size");
+    if (options.io_bytes == 0 || options.io_bytes % io_alignment != 0)
+      detail::raise(error_code::invalid_argument, "NVMe tier: io_bytes " + std::to_string(options.io_bytes) +
+                                              " is not a positive multiple of " + std::to_string(io_alignment));
+    if (options.queue_depth == 0 || options.queue_depth > 4096)
+      detail::raise(error_code::invalid_argument, "NVMe tier: queue_depth " + std::to_string(options.queue_depth) +
+                                              " is outside 1..4096");
+    return options;
+  }
+  static std::uint32_t slot_count(const nvme_options& options, byte_count slot_bytes) {
+    const byte_count slots =
+        std::min<byte_count>(options.capacity / slot_bytes, std::numeric_limits<std::uint32_t>::max() - 1);
+    if (slots == 0)
+      detail::raise(error_code::invalid_argument,
+            "NVMe tier: a capacity of " + format_bytes(options.capacity) + " (" + std::to_string(options.capacity) +
+                " bytes) holds no block of " + format_bytes(slot_bytes) + "; give at least one block's bytes");
+    return static_cast<std::uint32_t>(slots);
+  }
+
+  void open_store() {
+    const auto& dir = options_.directory;
+    std::error_code ec;
+    const auto status = std::filesystem::status(dir, ec);
+    if (!std::filesystem::exists(status))
+      detail::raise(error_code::io_error, "NVMe tier: store directory '" + dir.string() + "' does not exist" +
+                                      (ec && ec != std::errc::no_such_file_or_directory ? " (" + ec.message() + ")"
+                                                                                       : std::string()) +
+                                      "; create it or point the store elsewhere");
+    if (!std::filesystem::is_directory(status))
+      detail::raise(error_code::io_error, "NVMe tier: store path '" + dir.string() + "' is not a directory");
+
+    static std::atomic<unsigned> store_counter{0};
+    file_ = dir / ("chunkwise-store-" + std::to_string(::getpid()) + "-" + std::to_string(store_counter++) + ".bin");
+    const std::string context = "NVMe tier: store file '" + file_.string() + "'";
+    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    direct_io_active_ = false;
+    if (options_.direct_io) {
+      fd_ = ::open(file_.c_str(), flags | O_DIRECT, 0600);
+      if (fd_ >= 0) direct_io_active_ = true;
+      else if (errno == EINVAL) (void)::unlink(file_.c_str());  // the file system refuses O_DIRECT: run buffered
+    }
+    if (fd_ < 0) fd_ = ::open(file_.c_str(), flags, 0600);
+    if (fd_ < 0) {
+      const int e = errno;
+      detail::raise_posix("open", e,
+                          context + (e == EACCES || e == EPERM || e == EROFS ? " (no permission to create it in '" +
+                                                                                   dir.string() + "')"
+                                                                             : std::string()));
+    }
+    const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
+    int rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(file_bytes));
+    int e = rc == 0 ? 0 : errno;
+    if (rc != 0 && e == EOPNOTSUPP) {
+      e = ::posix_fallocate(fd_, 0, static_cast<off_t>(file_bytes));  // returns the error number
+      rc = e == 0 ? 0 : -1;
+    }
+    if (rc != 0) {
+      std::string why;
+      if (e == ENOSPC) {
+        struct statvfs fs {};
+        if (::statvfs(dir.c_str(), &fs) == 0)
+          why = " (no space: the store needs " + format_bytes(file_bytes) + ", '" + dir.string() + "' has " +
+                format_bytes(byte_count{fs.f_bavail} * fs.f_frsize) + " free)";
+      } else if (e == EFBIG) {
+        why = " (the store needs a file of " + format_bytes(file_bytes) +
+              ", over the process's file size limit RLIMIT_FSIZE or the file system's maximum)";
+      }
+      close_store();
+      detail::raise_posix("fallocate", e, context + " of " + format_bytes(file_bytes) + why);
+    }
+  }
+
+  void close_store() noexcept {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+      ::unlink(file_.c_str());
+    }
+  }
+
+  void start_io() {
+    active_path_ = nvme_io_path::threads;
+#if CHUNKWISE_HAS_URING
+    if (options_.path != nvme_io_path::threads) {
+      const int rc = io_uring_queue_init(options_.queue_depth, &ring_, 0);
+      if (rc == 0) {
+        ring_ready_ = true;
+        active_path_ = nvme_io_path::io_uring;
+        return;
+      }
+      fallback_reason_ = std::string("io_uring_queue_init(") + std::to_string(options_.queue_depth) +
+                         ") failed: " + std::strerror(-rc);
+      if (options_.path == nvme_io_path::io_uring)
+        detail::raise(error_code::unsupported, "NVMe tier: io_uring asked for, but " + fallback_reason_);
+    }
+#else
+    if (options_.path == nvme_io_path::io_uring)
+      detail::raise(error_code::unsupported, "NVMe tier: io_uring asked for, but chunkwise was built without liburing "
+                                     "(link chunkwise::uring)");
+    if (options_.path == nvme_io_path::automatic) fallback_reason_ = "built without liburing";
+#endif
+    pool_ = std::make_unique<detail::task_queue>(options_.queue_depth);
+  }
+
+  void check_block(nvme_block block, const char* what) const {
+    if (block.slot >= slots_)
+      detail::raise(error_code::invalid_argument, std::string("NVMe tier: ") + what + " of block " +
+                                              std::to_string(block.slot) + "; the store has " +
+                                              std::to_string(slots_) + " blocks");
+  }
+  void check_io(nvme_block block, const void* buffer, byte_count bytes, const char* what) const {
+    check_block(block, what);
+    if (bytes == 0 || bytes > options_.block_bytes)
+      detail::raise(error_code::invalid_argument, std::string("NVMe tier: ") + what + " of " + std::to_string(bytes) +
+                                              " bytes; blocks hold 1.." + std::to_string(options_.block_bytes));
+    if (reinterpret_cast<std::uintptr_t>(buffer) % io_alignment != 0)
+      detail::raise(error_code::invalid_argument, std::string("NVMe tier: ") + what + " buffer " +
+                                              std::to_string(reinterpret_cast<std::uintptr_t>(buffer)) +
+                                              " is not aligned to " + std::to_string(io_alignment) +
+                                              " bytes (O_DIRECT); use a pinned staging buffer");
+  }
+
+  // One request: segment `index` of a block, `length` bytes (a multiple of io_alignment) at file `offset`.
+  struct segment {
+    std::uint32_t index;
+    byte_count offset;
+    byte_count length;
+    unsigned char* buffer;
+  };
+
+  std::vector<segment> segments_of(nvme_block block, void* buffer, byte_count bytes) const {
+    const byte_count padded = round_up(bytes, io_alignment);
+    std::vector<segment> segments;
+    segments.reserve(div_ceil(padded, options_.io_bytes));
+    for (byte_count at = 0; at < padded; at += options_.io_bytes) {
+      segments.push_back(segment{static_cast<std::uint32_t>(at / options_.io_bytes), file_offset(block) + at,
+                                 std::min(options_.io_bytes, padded - at), static_cast<unsigned char*>(buffer) + at});
+    }
+    return segments;
+  }
+
+  std::uint32_t& checksum_of(nvme_block block, std::uint32_t segment_index) {
+    return checksums_[std::size_t{block.slot} * segments_per_slot_ + segment_index];
+  }
+
+  void verify(nvme_block block, const segment& s) {
+    const std::uint32_t stored = checksum_of(block, s.index);
+    const std::uint32_t found = crc32c(s.buffer, s.length);
+    if (stored != found) {
+      char text[64];
+      std::snprintf(text, sizeof text, "stored crc32c 0x%08X, read 0x%08X", stored, found);
+      detail::raise(error_code::io_error, "NVMe tier: checksum mismatch in block " + std::to_string(block.slot) +
+                                      " request " + std::to_string(s.index) + " (file offset " +
+                                      std::to_string(s.offset) + ", " + std::to_string(s.length) + " bytes): " +
+                                      text + "; the store file " + file_.string() + " is corrupted");
+    }
+  }
+
+  std::string io_context(const char* op, nvme_block block, const segment& s) const {
+    return std::string("NVMe tier: ") + op + " of block " + std::to_string(block.slot) + " request " +
+           std::to_string(s.index) + " (" + std::to_string(s.length) + " bytes at offset " +
+           std::to_string(s.offset) + " of " + file_.string() + ")";
+  }
+
+  void run_io(nvme_block block, void* buffer, byte_count bytes, bool writing) {
+    const auto segments = segments_of(block, buffer, bytes);
+#if CHUNKWISE_HAS_URING
+    if (active_path_ == nvme_io_path::io_uring) return run_uring(block, segments, writing);
+#endif
+    run_threads(block, segments, writing);
+  }
+
+#if CHUNKWISE_HAS_URING
+  // Keeps queue_depth requests in flight; checksums of a write are computed just before its submission, those of a
+  // read just after its completion, so the CPU work overlaps the device's.
+  void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
+    std::lock_guard lock(ring_mutex_);
+    std::size_t next = 0, in_flight = 0;
+    std::exception_ptr failure;
+    auto submit_more = [&] {
+      unsigned queued = 0;
+      while (!failure && next < segments.size() && in_flight < options_.queue_depth) {
+        const segment& s = segments[next];
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        if (writing) {
+          checksum_of(block, s.index) = crc32c(s.buffer, s.length);
+          io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
+        } else {
+          io_uring_prep_read(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
+        }
+        io_uring_sqe_set_data64(sqe, next);
+        ++next;
+        ++in_flight;
+        ++queued;
+      }
+      if (queued > 0) {
+        const int rc = io_uring_submit(&ring_);
+        if (rc < 0 && !failure)
+          failure = std::make_exception_ptr(error(error_code::io_error, io_context(writing ? "write" : "read", block,
+                                                                                     segments[next - 1]) +
+                                                                            ": io_uring_submit failed: " +
+                                                                            std::strerror(-rc)));
+      }
+    };
+    submit_more();
+    while (in_flight > 0) {
+      io_uring_cqe* cqe = nullptr;
+      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0) {
+        // The ring is broken: nothing more completes. Report; in-flight buffers are the caller's, kept alive by it.
+        std::rethrow_exception(std::make_exception_ptr(
+            error(error_code::io_error, std::string("NVMe tier: io_uring_wait_cqe failed: ") + std::strerror(-rc))));
+      }
+      const auto& s = segments[static_cast<std::size_t>(io_uring_cqe_get_data64(cqe))];
+      const int result = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      --in_flight;
+      if (!failure) {
+        try {
+          if (result < 0) {
+            detail::raise_posix(writing ? "io_uring write" : "io_uring read", -result,
+                                io_context(writing ? "write" : "read", block, s));
+          } else if (static_cast<byte_count>(result) != s.length) {
+            detail::raise(error_code::io_error, io_context(writing ? "write" : "read", block, s) + ": short transfer of " +
+                                            std::to_string(result) + " bytes");
+          }
+          if (!writing) verify(block, s);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      submit_more();
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+#endif
+
+  // The fallback: each request is one task on the pool (queue_depth threads), so queue_depth are in flight.
+  void run_threads(nvme_block block, const std::vector<segment>& segments, bool writing) {
+    struct countdown {
+      std::mutex mutex;
+      std::condition_variable done;
+      std::size_t remaining;
+      std::exception_ptr failure;
+    } state{{}, {}, segments.size(), nullptr};
+    for (const segment& s : segments) {
+      pool_->push([this, &state, &s, block, writing] {
+        std::exception_ptr failure;
+        try {
+          if (writing) checksum_of(block, s.index) = crc32c(s.buffer, s.length);
+          byte_count moved = 0;
+          while (moved < s.length) {
+            const auto offset = static_cast<off_t>(s.offset + moved);
+            const ssize_t n = writing ? ::pwrite(fd_, s.buffer + moved, s.length - moved, offset)
+                                      : ::pread(fd_, s.buffer + moved, s.length - moved, offset);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0)
+              detail::raise_posix(writing ? "pwrite" : "pread", errno,
+                                  io_context(writing ? "write" : "read", block, s));
+            if (n == 0)
+              detail::raise(error_code::io_error, io_context(writing ? "write" : "read", block, s) +
+                                              ": end of file after " + std::to_string(moved) + " bytes");
+            moved += static_cast<byte_count>(n);
+          }
+          if (!writing) verify(block, s);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        std::lock_guard lock(state.mutex);
+        if (failure && !state.failure) state.failure = failure;
+        if (--state.remaining == 0) state.done.notify_all();
+      });
+    }
+    std::unique_lock lock(state.mutex);
+    state.done.wait(lock, [&] { return state.remaining == 0; });
+    if (state.failure) std::rethrow_exception(state.failure);
+  }
+
+  nvme_options options_;
+  byte_count slot_bytes_;
+  std::uint32_t slots_;
+  std::uint32_t segments_per_slot_;
+  detail::byte_budget budget_;
+  std::filesystem::path file_;
+  int fd_ = -1;
+  bool direct_io_active_ = false;
+  nvme_io_path active_path_ = nvme_io_path::threads;
+  std::string fallback_reason_;
+  std::unique_ptr<detail::task_queue> pool_;
+#if CHUNKWISE_HAS_URING
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  std::mutex ring_mutex_;
+#endif
+  std::mutex slots_mutex_;
+  std::vector<std::uint32_t> free_slots_;
+  std::vector<std::uint32_t> checksums_;
+  std::vector<byte_count> written_bytes_;
+};
+
+static_assert(memory_tier_with<nvme_tier, file_backed>);
+static_assert(block_store_tier<nvme_tier>);
+static_assert(!has_property<nvme_tier, host_accessible>);
+
+}  // namespace chunkwise
