@@ -4,7 +4,10 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/dtype.hpp>
 
+#include <doctest/doctest.h>
+
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -88,6 +91,69 @@ bool same_bits(std::span<const T> a, std::span<const T> b) {
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return same_bits(std::span<const T>(a), std::span<const T>(b));
+}
+
+template <class T>
+std::span<const T> cview(const std::vector<T>& v) {
+  return std::span<const T>(v);
+}
+
+/// Every collective on one rank of `comm` against the rank-order reference, bit for bit, out of place and in place.
+template <class T, chunkwise::communicator Comm>
+void check_all_collectives(Comm& comm, std::size_t count) {
+  using namespace chunkwise;
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  const auto n = static_cast<std::size_t>(ranks);
+  std::vector<std::vector<T>> inputs(n), blocks(n);  // inputs: `count` per rank; blocks: count * ranks per rank
+  for (std::size_t r = 0; r < n; ++r) {
+    inputs[r] = random_values<T>(count, static_cast<std::uint32_t>(100 + r));
+    blocks[r] = random_values<T>(count * n, static_cast<std::uint32_t>(200 + r));
+  }
+  {
+    const auto r = static_cast<std::size_t>(rank);
+    CHECK(comm.rank() == rank);
+    CHECK(comm.size() == ranks);
+
+    // all_gather, out of place and in place
+    std::vector<T> gathered(count * n);
+    comm.all_gather(cview(inputs[r]), std::span<T>(gathered)).wait();
+    std::vector<T> expected_gather;
+    for (const auto& input : inputs) expected_gather.insert(expected_gather.end(), input.begin(), input.end());
+    CHECK(same_bits(gathered, expected_gather));
+    std::vector<T> in_place(count * n);
+    std::copy(inputs[r].begin(), inputs[r].end(), in_place.begin() + static_cast<std::ptrdiff_t>(r * count));
+    comm.all_gather(std::span<const T>(in_place.data() + r * count, count), std::span<T>(in_place)).wait();
+    CHECK(same_bits(in_place, expected_gather));
+
+    for (const reduce_op op : {reduce_op::sum, reduce_op::average}) {
+      // reduce_scatter: block `rank` of the inputs, reduced
+      std::vector<T> shard(count);
+      comm.reduce_scatter(cview(blocks[r]), std::span<T>(shard), op).wait();
+      CHECK(same_bits(shard, rank_order_reduce(blocks, r * count, count, op)));
+      std::vector<T> scattered_in_place = blocks[r];
+      comm.reduce_scatter(cview(scattered_in_place), std::span<T>(scattered_in_place.data() + r * count, count),
+                          op)
+          .wait();
+      CHECK(same_bits(std::span<const T>(scattered_in_place.data() + r * count, count),
+                      cview(rank_order_reduce(blocks, r * count, count, op))));
+
+      // all_reduce: the same bits on every rank
+      const auto expected = rank_order_reduce(inputs, 0, count, op);
+      std::vector<T> reduced(count);
+      comm.all_reduce(cview(inputs[r]), std::span<T>(reduced), op).wait();
+      CHECK(same_bits(reduced, expected));
+      std::vector<T> reduced_in_place = inputs[r];
+      comm.all_reduce(cview(reduced_in_place), std::span<T>(reduced_in_place), op).wait();
+      CHECK(same_bits(reduced_in_place, expected));
+    }
+
+    // broadcast from the last rank
+    std::vector<T> buffer = inputs[r];
+    comm.broadcast(std::span<T>(buffer), ranks - 1).wait();
+    CHECK(same_bits(buffer, inputs[n - 1]));
+    comm.barrier().wait();
+  }
 }
 
 }  // namespace test_support

@@ -21,78 +21,17 @@ static_assert(completion_handle<thread_comm::request>);
 static_assert(reducible_element<bf16> && !reducible_element<double>);
 static_assert(!communicator<int>);
 
-namespace {
-
-template <class T>
-std::span<const T> cview(const std::vector<T>& v) {
-  return std::span<const T>(v);
-}
-
-/// Every collective of `ranks` thread ranks against the rank-order reference, bit for bit, out of place and in place.
-template <class T>
-void check_all_collectives(int ranks, std::size_t count) {
-  const auto n = static_cast<std::size_t>(ranks);
-  std::vector<std::vector<T>> inputs(n), blocks(n);  // inputs: `count` per rank; blocks: count * ranks per rank
-  for (std::size_t r = 0; r < n; ++r) {
-    inputs[r] = test_support::random_values<T>(count, static_cast<std::uint32_t>(100 + r));
-    blocks[r] = test_support::random_values<T>(count * n, static_cast<std::uint32_t>(200 + r));
-  }
-  thread_world world(ranks, 5000ms);
-  run_ranks(ranks, [&](int rank) {
-    auto comm = world.comm(rank);
-    const auto r = static_cast<std::size_t>(rank);
-    CHECK(comm.rank() == rank);
-    CHECK(comm.size() == ranks);
-
-    // all_gather, out of place and in place
-    std::vector<T> gathered(count * n);
-    comm.all_gather(cview(inputs[r]), std::span<T>(gathered)).wait();
-    std::vector<T> expected_gather;
-    for (const auto& input : inputs) expected_gather.insert(expected_gather.end(), input.begin(), input.end());
-    CHECK(same_bits(gathered, expected_gather));
-    std::vector<T> in_place(count * n);
-    std::copy(inputs[r].begin(), inputs[r].end(), in_place.begin() + static_cast<std::ptrdiff_t>(r * count));
-    comm.all_gather(std::span<const T>(in_place.data() + r * count, count), std::span<T>(in_place)).wait();
-    CHECK(same_bits(in_place, expected_gather));
-
-    for (const reduce_op op : {reduce_op::sum, reduce_op::average}) {
-      // reduce_scatter: block `rank` of the inputs, reduced
-      std::vector<T> shard(count);
-      comm.reduce_scatter(cview(blocks[r]), std::span<T>(shard), op).wait();
-      CHECK(same_bits(shard, test_support::rank_order_reduce(blocks, r * count, count, op)));
-      std::vector<T> scattered_in_place = blocks[r];
-      comm.reduce_scatter(cview(scattered_in_place), std::span<T>(scattered_in_place.data() + r * count, count),
-                          op)
-          .wait();
-      CHECK(same_bits(std::span<const T>(scattered_in_place.data() + r * count, count),
-                      cview(test_support::rank_order_reduce(blocks, r * count, count, op))));
-
-      // all_reduce: the same bits on every rank
-      const auto expected = test_support::rank_order_reduce(inputs, 0, count, op);
-      std::vector<T> reduced(count);
-      comm.all_reduce(cview(inputs[r]), std::span<T>(reduced), op).wait();
-      CHECK(same_bits(reduced, expected));
-      std::vector<T> reduced_in_place = inputs[r];
-      comm.all_reduce(cview(reduced_in_place), std::span<T>(reduced_in_place), op).wait();
-      CHECK(same_bits(reduced_in_place, expected));
-    }
-
-    // broadcast from the last rank
-    std::vector<T> buffer = inputs[r];
-    comm.broadcast(std::span<T>(buffer), ranks - 1).wait();
-    CHECK(same_bits(buffer, inputs[n - 1]));
-    comm.barrier().wait();
-  });
-}
-
-}  // namespace
 
 TEST_CASE_TEMPLATE("thread_comm collectives equal the rank-order reference bit for bit for 1 to 4 ranks", T, float,
                    bf16, fp16) {
   for (int ranks = 1; ranks <= 4; ++ranks) {
     CAPTURE(ranks);
-    check_all_collectives<T>(ranks, 1001);  // not a multiple of 2, 3 or 4: all_reduce segments are uneven
-    check_all_collectives<T>(ranks, 2);     // fewer elements than ranks: some all_reduce segments are empty
+    thread_world world(ranks, 5000ms);
+    run_ranks(ranks, [&](int rank) {
+      auto comm = world.comm(rank);
+      test_support::check_all_collectives<T>(comm, 1001);  // not a multiple of 2, 3, 4: uneven all_reduce segments
+      test_support::check_all_collectives<T>(comm, 2);     // fewer elements than ranks: empty segments
+    });
   }
 }
 
