@@ -177,3 +177,28 @@ TEST_CASE("split makes communicators of the ranks that share a color, ordered by
     parent.wait();
   });
 }
+
+TEST_CASE("a bootstrap file written by rank 0 reaches the ranks that wait for it, or they time out naming it") {
+  const auto directory = std::filesystem::temp_directory_path() / ("chunkwise_comm_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  const auto path = directory / "nccl_id";
+  std::vector<std::byte> id(128);
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<std::byte>(i ^ 0x5a);
+  std::vector<std::vector<std::byte>> seen(3);
+  run_ranks(3, [&](int rank) {
+    if (rank == 0) {
+      std::this_thread::sleep_for(30ms);  // the others are already polling
+      publish_bootstrap_file(path, id);
+    } else {
+      seen[static_cast<std::size_t>(rank)] = await_bootstrap_file(path, id.size(), 5000ms, 1ms);
+    }
+  });
+  CHECK(seen[1] == id);
+  CHECK(seen[2] == id);
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp." + std::to_string(::getpid())));
+  CHECK_THROWS_WITH_AS(await_bootstrap_file(path, 64, 1000ms), doctest::Contains("holds more than 64 bytes"), error);
+  CHECK_THROWS_WITH_AS(await_bootstrap_file(directory / "missing", 128, 50ms),
+                       doctest::Contains("waited 50 ms for rank 0 to write the bootstrap file"), error);
+  CHECK_THROWS_AS(publish_bootstrap_file(directory / "no" / "such" / "dir", id), error);
+  std::filesystem::remove_all(directory);
+}
