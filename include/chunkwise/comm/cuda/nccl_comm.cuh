@@ -1,0 +1,294 @@
+#pragma once
+// nccl_comm: ranks as GPUs, through NCCL. Buffers are device memory; every operation is enqueued on the
+// communicator's CUDA stream and its request is a CUDA event recorded after it, so the order of effect is the
+// stream order (later kernels on the same stream see the result without any host wait) and wait() is needed only
+// where the host must know.
+//
+// Creating one needs rank 0's ncclUniqueId on every rank:
+//   - through any communicator:  auto nccl = chunkwise::make_nccl_comm(mpi, stream);     // mpi_comm, thread_comm
+//   - through a file:            auto nccl = chunkwise::make_nccl_comm("/shared/job42.ncclid", rank, ranks, stream);
+//                                (bootstrap_file.hpp: rank 0 writes atomically, the others poll with a timeout)
+// Several chunks' collectives go into one NCCL group (one launch, overlapping transfers):
+//   { auto group = nccl.group(); for (...) requests.push_back(nccl.all_gather(shard[c], full[c])); }
+//   // the requests of a group complete together, once the group is closed
+//
+// Reductions are NCCL's: fp32 exactly as thread_comm for 2 ranks (one addition); for more ranks NCCL's ring adds in
+// its own order, and for bf16/fp16 it rounds partial sums to 16 bits on each hop, so results agree with the host
+// communicators within rounding, not bit for bit. `average` is ncclAvg.
+#if CHUNKWISE_HAS_CUDA && CHUNKWISE_HAS_NCCL
+
+#include <chunkwise/comm/bootstrap_file.hpp>
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/comm/detail/reduce.hpp>
+#include <chunkwise/core/error.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+/// Checks an NCCL call and throws chunkwise::error (comm_error) with the call, the place, NCCL's error name and its
+/// last error message.
+#define CHUNKWISE_NCCL_TRY(call) ::chunkwise::detail::check_nccl((call), #call, __FILE__, __LINE__)
+/// The same for the CUDA runtime calls the communicator makes (events, its scratch word).
+#define CHUNKWISE_COMM_CUDA_TRY(call) ::chunkwise::detail::check_comm_cuda((call), #call, __FILE__, __LINE__)
+
+namespace chunkwise {
+
+namespace detail {
+
+inline void check_nccl(ncclResult_t result, const char* call, const char* file, int line) {
+  if (result == ncclSuccess) return;
+  const char* last = ncclGetLastError(nullptr);
+  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                          ncclGetErrorString(result) +
+                                          (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
+}
+
+inline void check_comm_cuda(cudaError_t result, const char* call, const char* file, int line) {
+  if (result == cudaSuccess) return;
+  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                          cudaGetErrorName(result) + " (" + cudaGetErrorString(result) + ")");
+}
+
+template <class T>
+constexpr ncclDataType_t nccl_type() noexcept {
+  if constexpr (std::same_as<T, float>) return ncclFloat32;
+  else if constexpr (std::same_as<T, bf16>) return ncclBfloat16;
+  else return ncclFloat16;
+}
+
+/// A CUDA event without timing, recorded on the communicator's stream after an operation (or a group).
+class comm_event {
+ public:
+  comm_event() { CHUNKWISE_COMM_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  comm_event(const comm_event&) = delete;
+  comm_event& operator=(const comm_event&) = delete;
+  ~comm_event() { cudaEventDestroy(event_); }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace detail
+
+class nccl_comm {
+ public:
+  /// Completion of an operation: an event on the communicator's stream. wait() blocks the host; test() polls;
+  /// wait_on(stream) makes another stream wait without the host. Default-constructed: complete.
+  class request {
+   public:
+    request() = default;
+    void wait() {
+      if (event_) CHUNKWISE_COMM_CUDA_TRY(cudaEventSynchronize(event_->get()));
+    }
+    [[nodiscard]] bool test() {
+      if (!event_) return true;
+      const cudaError_t state = cudaEventQuery(event_->get());
+      if (state == cudaErrorNotReady) return false;
+      CHUNKWISE_COMM_CUDA_TRY(state);
+      return true;
+    }
+    void wait_on(cudaStream_t stream) {
+      if (event_) CHUNKWISE_COMM_CUDA_TRY(cudaStreamWaitEvent(stream, event_->get(), 0));
+    }
+
+   private:
+    friend class nccl_comm;
+    explicit request(std::shared_ptr<detail::comm_event> event) : event_(std::move(event)) {}
+    std::shared_ptr<detail::comm_event> event_;
+  };
+
+  /// Joins the communicator of `ranks` ranks named by `id` as `rank` (blocks until every rank joined), on the
+  /// current CUDA device. `stream` is not owned.
+  nccl_comm(const ncclUniqueId& id, int rank, int ranks, cudaStream_t stream) : stream_(stream) {
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+      detail::raise(error_code::invalid_argument, "nccl_comm: rank " + std::to_string(rank) + " of " +
+                                                      std::to_string(ranks) + " ranks does not exist");
+    CHUNKWISE_NCCL_TRY(ncclCommInitRank(&comm_, ranks, id, rank));
+    finish_setup();
+  }
+
+  nccl_comm(nccl_comm&& other) noexcept { swap(other); }
+  nccl_comm& operator=(nccl_comm&& other) noexcept {
+    nccl_comm moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  nccl_comm(const nccl_comm&) = delete;
+  nccl_comm& operator=(const nccl_comm&) = delete;
+  ~nccl_comm() {
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+
+  static ncclUniqueId make_unique_id() {
+    ncclUniqueId id{};
+    CHUNKWISE_NCCL_TRY(ncclGetUniqueId(&id));
+    return id;
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
+
+  template <transferable_element T>
+  request all_gather(std::span<const T> in, std::span<T> out) {
+    detail::check_all_gather("nccl_comm", in, out, rank_, size_);
+    CHUNKWISE_NCCL_TRY(ncclAllGather(in.data(), out.data(), in.size_bytes(), ncclUint8, comm_, stream_));
+    return completed();
+  }
+
+  template <reducible_element T>
+  request reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::check_reduce_scatter("nccl_comm", in, out, rank_, size_);
+    CHUNKWISE_NCCL_TRY(
+        ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_));
+    return completed();
+  }
+
+  template <reducible_element T>
+  request all_reduce(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::check_all_reduce("nccl_comm", in, out);
+    CHUNKWISE_NCCL_TRY(
+        ncclAllReduce(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_));
+    return completed();
+  }
+
+  template <transferable_element T>
+  request broadcast(std::span<T> buffer, int root) {
+    detail::check_root("nccl_comm", root, size_);
+    CHUNKWISE_NCCL_TRY(ncclBroadcast(buffer.data(), buffer.data(), buffer.size_bytes(), ncclUint8, root, comm_, stream_));
+    return completed();
+  }
+
+  /// NCCL has no barrier: an all-reduce of one device word, which completes on a rank once every rank joined it.
+  request barrier() {
+    CHUNKWISE_NCCL_TRY(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+    return completed();
+  }
+
+  /// ncclCommSplit: the ranks with the same color, ordered by (key, rank), on the same stream (issue order holds).
+  nccl_comm split(int color, int key) {
+    if (color < 0)
+      detail::raise(error_code::invalid_argument,
+                    "nccl_comm: split color " + std::to_string(color) + " is negative; colors are >= 0");
+    nccl_comm result;
+    result.stream_ = stream_;
+    CHUNKWISE_NCCL_TRY(ncclCommSplit(comm_, color, key, &result.comm_, nullptr));
+    result.finish_setup();
+    return result;
+  }
+
+  /// Collectives issued while a group is open are launched together when it closes (ncclGroupStart/End); their
+  /// requests share one event, recorded at the close.
+  class group_guard {
+   public:
+    explicit group_guard(nccl_comm& comm) : comm_(&comm) {
+      CHUNKWISE_NCCL_TRY(ncclGroupStart());
+      ++comm_->group_depth_;
+    }
+    group_guard(const group_guard&) = delete;
+    group_guard& operator=(const group_guard&) = delete;
+    /// Closes the group (ncclGroupEnd) and records the requests' event; call it to see errors as exceptions.
+    void close() {
+      if (comm_ == nullptr) return;
+      nccl_comm& comm = *std::exchange(comm_, nullptr);
+      --comm.group_depth_;
+      auto event = std::move(comm.group_event_);
+      CHUNKWISE_NCCL_TRY(ncclGroupEnd());
+      if (event) CHUNKWISE_COMM_CUDA_TRY(cudaEventRecord(event->get(), comm.stream_));
+    }
+    ~group_guard() {
+      try {
+        close();
+      } catch (...) {  // a destructor cannot throw; call close() to see the error
+      }
+    }
+
+   private:
+    nccl_comm* comm_;
+  };
+  [[nodiscard]] group_guard group() { return group_guard(*this); }
+
+ private:
+  nccl_comm() = default;
+
+  void swap(nccl_comm& other) noexcept {
+    std::swap(comm_, other.comm_);
+    std::swap(stream_, other.stream_);
+    std::swap(rank_, other.rank_);
+    std::swap(size_, other.size_);
+    std::swap(scratch_, other.scratch_);
+    std::swap(group_depth_, other.group_depth_);
+    std::swap(group_event_, other.group_event_);
+  }
+
+  void finish_setup() {
+    CHUNKWISE_NCCL_TRY(ncclCommUserRank(comm_, &rank_));
+    CHUNKWISE_NCCL_TRY(ncclCommCount(comm_, &size_));
+    CHUNKWISE_COMM_CUDA_TRY(cudaMalloc(&scratch_, sizeof(int)));
+    CHUNKWISE_COMM_CUDA_TRY(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_));
+  }
+
+  static ncclRedOp_t nccl_op(reduce_op op) noexcept { return op == reduce_op::sum ? ncclSum : ncclAvg; }
+
+  /// The request of the operation just enqueued: its own event, or the open group's shared one.
+  request completed() {
+    if (group_depth_ > 0) {
+      if (!group_event_) group_event_ = std::make_shared<detail::comm_event>();
+      return request(group_event_);
+    }
+    auto event = std::make_shared<detail::comm_event>();
+    CHUNKWISE_COMM_CUDA_TRY(cudaEventRecord(event->get(), stream_));
+    return request(std::move(event));
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  int* scratch_ = nullptr;  // the barrier's device word
+  int group_depth_ = 0;
+  std::shared_ptr<detail::comm_event> group_event_;
+};
+
+static_assert(communicator<nccl_comm>);
+
+/// Joins an NCCL communicator with the rank and size of `via`, rank 0's unique id broadcast through it (mpi_comm
+/// across machines, thread_comm for the GPUs of one process).
+template <communicator Bootstrap>
+nccl_comm make_nccl_comm(Bootstrap& via, cudaStream_t stream) {
+  ncclUniqueId id{};
+  if (via.rank() == 0) id = nccl_comm::make_unique_id();
+  via.broadcast(std::span<std::byte>(reinterpret_cast<std::byte*>(&id), sizeof id), 0).wait();
+  return nccl_comm(id, via.rank(), via.size(), stream);
+}
+
+/// Joins an NCCL communicator whose unique id rank 0 publishes in `id_file` (see bootstrap_file.hpp: use a fresh
+/// path per job); the other ranks wait up to `timeout` for it.
+inline nccl_comm make_nccl_comm(const std::filesystem::path& id_file, int rank, int ranks, cudaStream_t stream,
+                                std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
+  ncclUniqueId id{};
+  if (rank == 0) {
+    id = nccl_comm::make_unique_id();
+    publish_bootstrap_file(id_file, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id));
+  } else {
+    const auto bytes = await_bootstrap_file(id_file, sizeof id, timeout);
+    std::memcpy(&id, bytes.data(), sizeof id);
+  }
+  return nccl_comm(id, rank, ranks, stream);
+}
+
+}  // namespace chunkwise
+
+#endif  // CHUNKWISE_HAS_CUDA && CHUNKWISE_HAS_NCCL

@@ -1,0 +1,312 @@
+#pragma once
+// mpi_comm: ranks as MPI processes (Open MPI), for multi-process CPU runs and for bootstrapping NCCL across machines.
+// Built only with the chunkwise::mpi component (CHUNKWISE_HAS_MPI); without it this header is empty.
+//
+//   chunkwise::mpi_environment mpi(argc, argv);   // MPI_Init_thread / MPI_Finalize, unless the program did it
+//   chunkwise::mpi_comm comm;                     // a duplicate of MPI_COMM_WORLD
+//   comm.all_reduce(std::span<const float>(g), std::span<float>(g), chunkwise::reduce_op::average).wait();
+//
+// Operations are MPI-3 nonblocking collectives. Reductions do not use MPI's reduction operators (no bf16/fp16, and
+// no promise about the order of additions): a reduce-scatter is an all-to-all of the blocks followed by the same
+// rank-order fp32 reduction thread_comm uses, and an all-reduce is that reduce-scatter followed by an all-gather, so
+// mpi_comm, thread_comm and a plain reference agree bit for bit, and the bytes on the wire are those of a ring.
+// The local reduction of a stage runs when the request is waited for or tested (MPI progresses the same way).
+// Issue order: before it posts an operation, mpi_comm completes the operations in flight on this communicator and
+// on every communicator split from the same one; so a collective overlaps computation but not another collective.
+// Use it from one thread per process (MPI_THREAD_FUNNELED). A peer that never arrives is MPI's business: it hangs or
+// aborts as the MPI library decides; run under mpirun's --timeout or a job time limit.
+#if CHUNKWISE_HAS_MPI
+
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/comm/detail/reduce.hpp>
+#include <chunkwise/core/error.hpp>
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+/// Checks an MPI call's return code (communicators are set to MPI_ERRORS_RETURN) and throws chunkwise::error
+/// (comm_error) naming the call, the place and MPI's message.
+#define CHUNKWISE_MPI_TRY(call) ::chunkwise::detail::check_mpi((call), #call, __FILE__, __LINE__)
+
+namespace chunkwise {
+
+namespace detail {
+
+inline void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                          std::string(text, static_cast<std::size_t>(length)));
+}
+
+/// MPI counts are int: a message of more bytes than that must be cut by the caller (chunks are far smaller).
+inline int mpi_count(std::size_t bytes, const char* what) {
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    raise(error_code::invalid_argument, std::string("mpi_comm: ") + what + " of " + std::to_string(bytes) +
+                                            " bytes exceeds MPI's int count (" + std::to_string(INT_MAX) +
+                                            " bytes); use chunks under 2 GiB");
+  return static_cast<int>(bytes);
+}
+
+/// One operation in flight: the MPI request of its current stage and what runs when that stage completed (which
+/// may post the next stage).
+struct mpi_operation {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::function<void(mpi_operation&)> then;
+  std::vector<std::byte> scratch;
+  std::vector<int> counts, displacements, receive_counts, receive_displacements;
+  bool done = false;
+
+  void finish() {
+    while (!done) {
+      CHUNKWISE_MPI_TRY(MPI_Wait(&request, MPI_STATUS_IGNORE));
+      advance();
+    }
+  }
+  bool poll() {
+    while (!done) {
+      int flag = 0;
+      CHUNKWISE_MPI_TRY(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      if (!flag) return false;
+      advance();
+    }
+    return true;
+  }
+
+ private:
+  void advance() {
+    if (then) {
+      auto next = std::move(then);
+      then = nullptr;
+      next(*this);
+    }
+    if (request == MPI_REQUEST_NULL && !then) done = true;
+  }
+};
+
+/// The operations in flight on a communicator and every communicator split from the same one, oldest first.
+struct mpi_issue_order {
+  std::deque<std::shared_ptr<mpi_operation>> in_flight;
+  void complete_all() {
+    while (!in_flight.empty()) {
+      auto oldest = in_flight.front();
+      in_flight.pop_front();
+      oldest->finish();
+    }
+  }
+};
+
+struct mpi_handle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::shared_ptr<mpi_issue_order> order;
+  mpi_handle(MPI_Comm c, std::shared_ptr<mpi_issue_order> o) : comm(c), order(std::move(o)) {}
+  mpi_handle(const mpi_handle&) = delete;
+  mpi_handle& operator=(const mpi_handle&) = delete;
+  ~mpi_handle() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    try {
+      order->complete_all();
+    } catch (...) {  // a destructor cannot report it; the operation's own request did, if anyone waited
+    }
+    MPI_Comm_free(&comm);
+  }
+};
+
+}  // namespace detail
+
+/// Initialises MPI (MPI_THREAD_FUNNELED) unless the program already did, and finalises what it initialised.
+class mpi_environment {
+ public:
+  mpi_environment(int& argc, char**& argv) {
+    int initialized = 0;
+    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized));
+    if (initialized) return;
+    int provided = 0;
+    CHUNKWISE_MPI_TRY(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided));
+    owns_ = true;
+  }
+  mpi_environment(const mpi_environment&) = delete;
+  mpi_environment& operator=(const mpi_environment&) = delete;
+  ~mpi_environment() {
+    if (owns_) MPI_Finalize();
+  }
+
+ private:
+  bool owns_ = false;
+};
+
+class mpi_comm {
+ public:
+  /// Completion of one operation. wait() completes it (running its local reduction) and rethrows its error;
+  /// test() progresses it without blocking. Default-constructed: complete.
+  class request {
+   public:
+    request() = default;
+    void wait() {
+      if (operation_) operation_->finish();
+    }
+    [[nodiscard]] bool test() { return !operation_ || operation_->poll(); }
+
+   private:
+    friend class mpi_comm;
+    explicit request(std::shared_ptr<detail::mpi_operation> operation) : operation_(std::move(operation)) {}
+    std::shared_ptr<detail::mpi_operation> operation_;
+  };
+
+  /// A duplicate of `comm` (MPI_COMM_WORLD by default), with errors returned instead of aborting. MPI must be
+  /// initialised (mpi_environment). Copies share the duplicate.
+  explicit mpi_comm(MPI_Comm comm = MPI_COMM_WORLD) {
+    int initialized = 0;
+    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized));
+    if (!initialized)
+      detail::raise(error_code::invalid_argument,
+                    "mpi_comm: MPI is not initialised; create a chunkwise::mpi_environment (or call MPI_Init) first");
+    MPI_Comm duplicate = MPI_COMM_NULL;
+    CHUNKWISE_MPI_TRY(MPI_Comm_dup(comm, &duplicate));
+    adopt(duplicate, std::make_shared<detail::mpi_issue_order>());
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] MPI_Comm native() const noexcept { return handle_->comm; }
+
+  template <transferable_element T>
+  request all_gather(std::span<const T> in, std::span<T> out) {
+    const bool in_place = detail::check_all_gather("mpi_comm", in, out, rank_, size_);
+    const int bytes = detail::mpi_count(in.size_bytes(), "all_gather");
+    return post([&](detail::mpi_operation& op) {
+      CHUNKWISE_MPI_TRY(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), bytes, MPI_BYTE, out.data(), bytes,
+                                       MPI_BYTE, native(), &op.request));
+    });
+  }
+
+  /// All-to-all of the blocks, then the rank-order reduction of the ranks' copies of block `rank`.
+  template <reducible_element T>
+  request reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::check_reduce_scatter("mpi_comm", in, out, rank_, size_);
+    const int bytes = detail::mpi_count(out.size_bytes(), "reduce_scatter block");
+    const int ranks = size_;
+    return post([&](detail::mpi_operation& operation) {
+      operation.scratch.resize(in.size_bytes());
+      CHUNKWISE_MPI_TRY(MPI_Ialltoall(in.data(), bytes, MPI_BYTE, operation.scratch.data(), bytes, MPI_BYTE,
+                                      native(), &operation.request));
+      operation.then = [out, op, ranks](detail::mpi_operation& self) {
+        reduce_received<T>(self.scratch, out.size(), ranks, out.data(), op);
+      };
+    });
+  }
+
+  /// Reduce-scatter of segments (all-to-all-v and the rank-order reduction), then an all-gather-v in place.
+  template <reducible_element T>
+  request all_reduce(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::check_all_reduce("mpi_comm", in, out);
+    detail::mpi_count(out.size_bytes(), "all_reduce");
+    const int ranks = size_, me = rank_;
+    return post([&](detail::mpi_operation& operation) {
+      const std::size_t count = out.size();
+      const std::size_t segment = (count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+      operation.counts.resize(static_cast<std::size_t>(ranks));
+      operation.displacements.resize(static_cast<std::size_t>(ranks));
+      for (std::size_t q = 0; q < static_cast<std::size_t>(ranks); ++q) {
+        const std::size_t begin = std::min(count, q * segment);
+        operation.displacements[q] = static_cast<int>(begin * sizeof(T));
+        operation.counts[q] = static_cast<int>((std::min(count, begin + segment) - begin) * sizeof(T));
+      }
+      const int mine = operation.counts[static_cast<std::size_t>(me)];
+      operation.receive_counts.assign(static_cast<std::size_t>(ranks), mine);
+      operation.receive_displacements.resize(static_cast<std::size_t>(ranks));
+      for (int q = 0; q < ranks; ++q) operation.receive_displacements[static_cast<std::size_t>(q)] = q * mine;
+      operation.scratch.resize(static_cast<std::size_t>(mine) * static_cast<std::size_t>(ranks));
+      CHUNKWISE_MPI_TRY(MPI_Ialltoallv(in.data(), operation.counts.data(), operation.displacements.data(), MPI_BYTE,
+                                       operation.scratch.data(), operation.receive_counts.data(),
+                                       operation.receive_displacements.data(), MPI_BYTE, native(),
+                                       &operation.request));
+      operation.then = [out, op, ranks, me, comm = native()](detail::mpi_operation& self) {
+        const auto mine_bytes = static_cast<std::size_t>(self.counts[static_cast<std::size_t>(me)]);
+        const auto begin = static_cast<std::size_t>(self.displacements[static_cast<std::size_t>(me)]) / sizeof(T);
+        reduce_received<T>(self.scratch, mine_bytes / sizeof(T), ranks, out.data() + begin, op);
+        CHUNKWISE_MPI_TRY(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out.data(), self.counts.data(),
+                                          self.displacements.data(), MPI_BYTE, comm, &self.request));
+      };
+    });
+  }
+
+  template <transferable_element T>
+  request broadcast(std::span<T> buffer, int root) {
+    detail::check_root("mpi_comm", root, size_);
+    const int bytes = detail::mpi_count(buffer.size_bytes(), "broadcast");
+    return post([&](detail::mpi_operation& op) {
+      CHUNKWISE_MPI_TRY(MPI_Ibcast(buffer.data(), bytes, MPI_BYTE, root, native(), &op.request));
+    });
+  }
+
+  request barrier() {
+    return post([&](detail::mpi_operation& op) { CHUNKWISE_MPI_TRY(MPI_Ibarrier(native(), &op.request)); });
+  }
+
+  /// MPI_Comm_split; the new communicator keeps issue order with this one.
+  mpi_comm split(int color, int key) {
+    if (color < 0)
+      detail::raise(error_code::invalid_argument,
+                    "mpi_comm: split color " + std::to_string(color) + " is negative; colors are >= 0");
+    handle_->order->complete_all();
+    MPI_Comm part = MPI_COMM_NULL;
+    CHUNKWISE_MPI_TRY(MPI_Comm_split(native(), color, key, &part));
+    return mpi_comm(adopt_tag{}, part, handle_->order);
+  }
+
+ private:
+  struct adopt_tag {};
+  mpi_comm(adopt_tag, MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order) { adopt(comm, std::move(order)); }
+
+  void adopt(MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order) {
+    handle_ = std::make_shared<detail::mpi_handle>(comm, std::move(order));
+    CHUNKWISE_MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    CHUNKWISE_MPI_TRY(MPI_Comm_rank(comm, &rank_));
+    CHUNKWISE_MPI_TRY(MPI_Comm_size(comm, &size_));
+  }
+
+  /// Completes what is in flight (issue order), then posts a new operation with `start`.
+  template <class Start>
+  request post(Start&& start) {
+    handle_->order->complete_all();
+    auto operation = std::make_shared<detail::mpi_operation>();
+    start(*operation);
+    if (operation->request == MPI_REQUEST_NULL && !operation->then) operation->done = true;
+    handle_->order->in_flight.push_back(operation);
+    return request(std::move(operation));
+  }
+
+  template <reducible_element T>
+  static void reduce_received(const std::vector<std::byte>& received, std::size_t count, int ranks, T* out,
+                              reduce_op op) {
+    if (count == 0) return;
+    std::vector<const T*> sources(static_cast<std::size_t>(ranks));
+    for (std::size_t q = 0; q < sources.size(); ++q)
+      sources[q] = reinterpret_cast<const T*>(received.data()) + q * count;
+    detail::reduce_in_rank_order<T>(sources, out, count, op, ranks);
+  }
+
+  std::shared_ptr<detail::mpi_handle> handle_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+static_assert(communicator<mpi_comm>);
+
+}  // namespace chunkwise
+
+#endif  // CHUNKWISE_HAS_MPI

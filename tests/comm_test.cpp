@@ -1,0 +1,204 @@
+#include <chunkwise/comm.hpp>
+
+#include <doctest/doctest.h>
+
+#include "comm_support.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <unistd.h>
+
+using namespace chunkwise;
+using namespace std::chrono_literals;
+using test_support::run_ranks;
+using test_support::same_bits;
+
+static_assert(communicator<thread_comm>);
+static_assert(completion_handle<thread_comm::request>);
+static_assert(reducible_element<bf16> && !reducible_element<double>);
+static_assert(!communicator<int>);
+
+
+TEST_CASE_TEMPLATE("thread_comm collectives equal the rank-order reference bit for bit for 1 to 4 ranks", T, float,
+                   bf16, fp16) {
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    CAPTURE(ranks);
+    thread_world world(ranks, 5000ms);
+    run_ranks(ranks, [&](int rank) {
+      auto comm = world.comm(rank);
+      test_support::check_all_collectives<T>(comm, 1001);  // not a multiple of 2, 3, 4: uneven all_reduce segments
+      test_support::check_all_collectives<T>(comm, 2);     // fewer elements than ranks: empty segments
+    });
+  }
+}
+
+TEST_CASE("16-bit reductions add in fp32 and round once") {
+  // In fp16, 2048 + 1 rounds back to 2048 (ulp 2, tie to even), so pairwise fp16 adds give 2048; fp32 gives 2050.
+  thread_world world(3, 5000ms);
+  run_ranks(3, [&](int rank) {
+    auto comm = world.comm(rank);
+    std::vector<fp16> value{to_fp16(rank == 0 ? 2048.0f : 1.0f)};
+    comm.all_reduce(std::span<const fp16>(value), std::span<fp16>(value), reduce_op::sum).wait();
+    CHECK(to_float(value[0]) == 2050.0f);
+    std::vector<bf16> big{to_bf16(rank == 0 ? 256.0f : 1.0f)};  // bf16 ulp at 256 is 2: same story
+    comm.all_reduce(std::span<const bf16>(big), std::span<bf16>(big), reduce_op::sum).wait();
+    CHECK(to_float(big[0]) == 258.0f);
+  });
+}
+
+TEST_CASE("integer sums are exact and identical on every rank whatever the order of arrival") {
+  constexpr int ranks = 4;
+  constexpr std::size_t count = 4099;
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < ranks; ++r) inputs.push_back(test_support::random_integers(count, 7u + static_cast<unsigned>(r)));
+  std::vector<float> exact(count, 0.0f);
+  for (std::size_t i = 0; i < count; ++i)
+    for (int r = 0; r < ranks; ++r) exact[i] += inputs[static_cast<std::size_t>(r)][i];
+  thread_world world(ranks, 5000ms);
+  for (unsigned trial = 0; trial < 4; ++trial) {
+    run_ranks(ranks, [&](int rank) {
+      std::mt19937 delay(trial * 31 + static_cast<unsigned>(rank));
+      std::this_thread::sleep_for(std::chrono::microseconds(delay() % 2000));  // shuffle the arrival order
+      auto comm = world.comm(rank);
+      std::vector<float> result(count);
+      comm.all_reduce(std::span<const float>(inputs[static_cast<std::size_t>(rank)]), std::span<float>(result),
+                      reduce_op::sum)
+          .wait();
+      CHECK(same_bits(result, exact));
+    });
+  }
+}
+
+TEST_CASE("a rank's operations run in issue order without waits in between") {
+  // reduce_scatter into a shard, scale nothing, then all_gather that shard: only the last request is waited for.
+  constexpr int ranks = 3;
+  constexpr std::size_t shard = 1000;
+  thread_world world(ranks, 5000ms);
+  std::vector<std::vector<float>> grads;
+  for (int r = 0; r < ranks; ++r) grads.push_back(test_support::random_integers(shard * ranks, 40u + unsigned(r)));
+  run_ranks(ranks, [&](int rank) {
+    auto comm = world.comm(rank);
+    std::vector<float> mine(shard), full(shard * ranks);
+    auto first = comm.reduce_scatter(std::span<const float>(grads[static_cast<std::size_t>(rank)]),
+                                     std::span<float>(mine), reduce_op::sum);
+    auto second = comm.all_gather(std::span<const float>(mine), std::span<float>(full));
+    auto third = comm.barrier();
+    third.wait();
+    CHECK(first.test());
+    CHECK(second.test());
+    first.wait();
+    second.wait();
+    CHECK(same_bits(full, test_support::rank_order_reduce(grads, 0, shard * ranks, reduce_op::sum)));
+  });
+}
+
+TEST_CASE("a rank that never arrives makes the others fail with its rank named, never hang") {
+  constexpr int ranks = 3;
+  thread_world world(ranks, 150ms);
+  std::atomic<int> failures{0};
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(ranks, [&](int rank) {
+    if (rank == 2) return;  // stuck: never calls
+    auto comm = world.comm(rank);
+    std::vector<float> data(16, 1.0f);
+    try {
+      comm.all_reduce(std::span<const float>(data), std::span<float>(data), reduce_op::sum).wait();
+    } catch (const error& e) {
+      CHECK(e.code() == error_code::comm_error);
+      CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
+      CHECK(std::string(e.what()).find("all_reduce #1") != std::string::npos);
+      ++failures;
+    }
+  });
+  CHECK(failures == 2);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  // The group is failed from now on: even the late rank fails at once, naming the first failure.
+  auto late = world.comm(2);
+  const auto late_start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(late.barrier().wait(), doctest::Contains("rank 2"), error);
+  CHECK(std::chrono::steady_clock::now() - late_start < 100ms);
+}
+
+TEST_CASE("ranks that call different collectives at the same point fail with both calls named") {
+  thread_world world(2, 5000ms);
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](int rank) {
+    auto comm = world.comm(rank);
+    std::vector<float> data(8, 1.0f), out(16);
+    try {
+      if (rank == 0) comm.all_reduce(std::span<const float>(data), std::span<float>(data), reduce_op::sum).wait();
+      else comm.all_gather(std::span<const float>(data), std::span<float>(out)).wait();
+    } catch (const error& e) {
+      messages[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  for (const auto& message : messages) {
+    CHECK(message.find("all_reduce of 32 bytes of fp32") != std::string::npos);
+    CHECK(message.find("all_gather of 32 bytes of fp32") != std::string::npos);
+  }
+}
+
+TEST_CASE("buffers that break the conventions are rejected on the calling thread") {
+  thread_world world(2);
+  auto comm = world.comm(0);
+  std::vector<float> a(10), b(10);
+  CHECK_THROWS_WITH_AS(comm.all_gather(std::span<const float>(a), std::span<float>(b)),
+                       doctest::Contains("needs an output of 20 elements; it has 10"), error);
+  CHECK_THROWS_WITH_AS(comm.reduce_scatter(std::span<const float>(a), std::span<float>(b), reduce_op::sum),
+                       doctest::Contains("needs an input of 20 elements"), error);
+  CHECK_THROWS_AS(comm.all_reduce(std::span<const float>(a.data(), 8), std::span<float>(a.data() + 1, 8),
+                                  reduce_op::sum),
+                  error);
+  CHECK_THROWS_WITH_AS(comm.broadcast(std::span<float>(a), 2), doctest::Contains("ranks are 0..1"), error);
+  CHECK_THROWS_AS(thread_world(0), error);
+  CHECK_THROWS_AS(world.comm(2), error);
+}
+
+TEST_CASE("split makes communicators of the ranks that share a color, ordered by key") {
+  constexpr int ranks = 4;
+  thread_world world(ranks, 5000ms);
+  run_ranks(ranks, [&](int rank) {
+    auto comm = world.comm(rank);
+    auto half = comm.split(rank % 2, -rank);  // evens {0, 2}, odds {1, 3}; the key reverses the order
+    CHECK(half.size() == 2);
+    CHECK(half.rank() == (rank < 2 ? 1 : 0));
+    std::vector<float> value{static_cast<float>(rank + 1)}, both(2);
+    half.all_reduce(std::span<const float>(value), std::span<float>(value), reduce_op::sum).wait();
+    CHECK(value[0] == (rank % 2 == 0 ? 1.0f + 3.0f : 2.0f + 4.0f));
+    std::vector<float> me{static_cast<float>(rank)};
+    half.all_gather(std::span<const float>(me), std::span<float>(both)).wait();
+    CHECK(both[0] == static_cast<float>(rank % 2 + 2));  // the higher rank is new rank 0
+    CHECK(both[1] == static_cast<float>(rank % 2));
+    // The parent still works, and interleaves with the child in issue order.
+    auto parent = comm.barrier();
+    parent.wait();
+  });
+}
+
+TEST_CASE("a bootstrap file written by rank 0 reaches the ranks that wait for it, or they time out naming it") {
+  const auto directory = std::filesystem::temp_directory_path() / ("chunkwise_comm_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  const auto path = directory / "nccl_id";
+  std::vector<std::byte> id(128);
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<std::byte>(i ^ 0x5a);
+  std::vector<std::vector<std::byte>> seen(3);
+  run_ranks(3, [&](int rank) {
+    if (rank == 0) {
+      std::this_thread::sleep_for(30ms);  // the others are already polling
+      publish_bootstrap_file(path, id);
+    } else {
+      seen[static_cast<std::size_t>(rank)] = await_bootstrap_file(path, id.size(), 5000ms, 1ms);
+    }
+  });
+  CHECK(seen[1] == id);
+  CHECK(seen[2] == id);
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp." + std::to_string(::getpid())));
+  CHECK_THROWS_WITH_AS(await_bootstrap_file(path, 64, 1000ms), doctest::Contains("holds more than 64 bytes"), error);
+  CHECK_THROWS_WITH_AS(await_bootstrap_file(directory / "missing", 128, 50ms),
+                       doctest::Contains("waited 50 ms for rank 0 to write the bootstrap file"), error);
+  CHECK_THROWS_AS(publish_bootstrap_file(directory / "no" / "such" / "dir", id), error);
+  std::filesystem::remove_all(directory);
+}
