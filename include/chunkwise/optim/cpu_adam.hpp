@@ -29,7 +29,7 @@ class cpu_adam {
   /// validated before any memory is touched.
   void step(std::span<const chunk_state> chunks, const step_args& args) {
     validate(args);
-    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", true, true);
+    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", true, true, true);
     const adam_coefficients coefficients = make_coefficients(config_, args);
     const cpu_isa isa = engine_.isa();
     engine_.for_each_tile(chunks, [&](const chunk_state& chunk, std::size_t begin, std::size_t end) noexcept {
@@ -51,7 +51,7 @@ class cpu_adam {
   /// Sum of grad^2 over all chunks (as stored, i.e. loss-scaled), in double and in a fixed order: the same value
   /// for every thread count and instruction set. Infinite or NaN when any gradient is.
   double grad_sum_of_squares(std::span<const chunk_state> chunks) {
-    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", false, false);
+    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", false);
     return engine_.sum_of_squares(chunks);
   }
 

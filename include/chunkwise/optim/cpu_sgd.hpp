@@ -26,7 +26,7 @@ class cpu_sgd {
   void step(std::span<const chunk_state> chunks, const step_args& args) {
     validate(args);
     const bool momentum = config_.momentum != 0.0f;
-    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", momentum, false);
+    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", true, momentum);
     const sgd_coefficients coefficients = make_coefficients(config_, args);
     const cpu_isa isa = engine_.isa();
     engine_.for_each_tile(chunks, [&](const chunk_state& chunk, std::size_t begin, std::size_t end) noexcept {
@@ -44,7 +44,7 @@ class cpu_sgd {
   void step(const chunk_state& chunk, const step_args& args) { step(std::span<const chunk_state>(&chunk, 1), args); }
 
   double grad_sum_of_squares(std::span<const chunk_state> chunks) {
-    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", false, false);
+    for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", false);
     return engine_.sum_of_squares(chunks);
   }
 

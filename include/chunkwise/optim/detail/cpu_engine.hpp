@@ -28,15 +28,18 @@ struct cpu_options {
 
 namespace detail {
 
-inline void check_chunk(const chunk_state& chunk, std::size_t index, const char* optimizer, bool needs_moment1,
-                        bool needs_moment2) {
+/// `for_update`: the chunk will be stepped (needs master weights and the moments asked for), else only its
+/// gradients are read.
+inline void check_chunk(const chunk_state& chunk, std::size_t index, const char* optimizer, bool for_update,
+                        bool needs_moment1 = false, bool needs_moment2 = false) {
   const auto fail = [&](const std::string& what) {
     throw error(error_code::invalid_argument,
                 std::string(optimizer) + ": chunk " + std::to_string(index) + " (" + std::to_string(chunk.count) +
                     " elements) " + what);
   };
   if (chunk.count == 0) return;
-  if (chunk.master == nullptr || chunk.grad == nullptr) fail("has no master weights or no gradients");
+  if (chunk.grad == nullptr) fail("has no gradients");
+  if (for_update && chunk.master == nullptr) fail("has no master weights");
   if (needs_moment1 && chunk.moment1 == nullptr) fail("has no first-moment (moment1) array");
   if (needs_moment2 && chunk.moment2 == nullptr) fail("has no second-moment (moment2) array");
   if (chunk.grad_type != dtype::fp32 && chunk.grad_type != dtype::bf16 && chunk.grad_type != dtype::fp16)
