@@ -45,7 +45,7 @@ TEST_CASE("the GPT-2 profile lists its tensors in first-use order with the tied 
     std::size_t tied = 0;
     for (const auto& t : model.tensors) tied += t.tied;
     CHECK(tied == 1);
-    CHECK(model.largest_tensor_bytes() == std::uint64_t{config.vocab} * config.d_model * 4);
+    CHECK(model.largest_tensor_bytes() == std::uint64_t{config.vocab} * config.d_model * size_of(config.type));
   }
 }
 
@@ -84,6 +84,7 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count and peak in the head's ba
   // bf16 halves every byte count.
   auto half = config;
   half.type = dtype::bf16;
+  CHECK_FALSE(half.recompute);
   CHECK(gpt2_profile(half).peak_activation_bytes() * 2 == model.peak_activation_bytes());
   CHECK(gpt2_profile(half).tensor_bytes() * 2 == model.tensor_bytes());
 }
@@ -362,4 +363,24 @@ TEST_CASE("a machine profile survives a JSON round trip and bad fields are named
   CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"),
                        doctest::Contains("several devices need all_gather, reduce_scatter and all_reduce"), error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("flash attention drops the score matrices and recompute keeps only layer inputs") {
+  auto config = gpt2_124m;
+  const std::uint64_t B = 4, T = 1024, C = 768, H = 12, L = 12;
+  const std::uint64_t full_layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
+  const std::uint64_t flash_layer = (B * T * (18 * C + 4) + B * H * T) * 4;
+  config.flash_attention = true;
+  auto model = gpt2_profile(config);
+  CHECK(model.steps[1].activation_bytes == B * T * C * 4 + flash_layer);
+  config.recompute = true;
+  model = gpt2_profile(config);
+  // Forward of layer 2: embed + three saved inputs + layer 2's own activations while it runs.
+  CHECK(model.steps[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + flash_layer);
+  // Backward of layer 11: everything saved, its recomputed activations and their gradients.
+  CHECK(model.steps[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + 2 * flash_layer);
+  CHECK(model.steps[15].flops == 3 * model.steps[12].flops);
+  CHECK(gpt2_profile(gpt2_124m).peak_activation_bytes() > model.peak_activation_bytes() + L * (full_layer - B * T * C * 4) / 2);
+  CHECK(gpt_20b.recompute);
+  CHECK(gpt_20b.type == dtype::bf16);
 }

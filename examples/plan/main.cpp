@@ -1,9 +1,10 @@
-// chunkwise-plan: what chunkwise would do with a model. For now: the model's tensors and the chunk layout each
-// layout policy gives (size, chunks, waste), as a table or as JSON.
+// chunkwise-plan: what chunkwise would do with a model on a machine. Prints the model's tensors, the chunk layout
+// each layout policy gives (size, chunks, waste), and the explain table of the default plan set: every plan with its
+// searched knobs, memory per tier and predicted step time, the chosen one marked. --json prints the same as JSON.
 //
-//   chunkwise-plan [--model gpt2-124m | --profile FILE] [--ranks N] [--alignment BYTES] [--dtype fp32|bf16|fp16]
-//                  [--save-profile FILE] [--json]
+//   chunkwise-plan --model gpt2-1558m --gpus 4 --gpu-mem 24GiB --host-mem 128GiB --pcie 16GB/s --nvme 3GB/s
 #include <chunkwise/chunkwise.hpp>
+#include <chunkwise/plan.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -23,23 +24,53 @@ struct options {
   std::string model = "gpt2-124m";
   std::string profile_file;
   std::string save_profile_file;
-  std::uint32_t ranks = 1;
+  std::string machine_file;
+  std::string save_machine_file;
+  machine_description machine;
   byte_count alignment = 256;
   std::optional<dtype> type;
+  std::optional<std::uint32_t> micro_batch;
   bool json = false;
 };
 
 constexpr std::string_view usage =
-    "usage: chunkwise-plan [--model NAME | --profile FILE] [--ranks N] [--alignment BYTES] [--dtype fp32|bf16|fp16]\n"
-    "                      [--save-profile FILE] [--json]\n"
+    "usage: chunkwise-plan [model] [machine] [--json]\n"
+    "model:\n"
     "  --model NAME        an analytic GPT profile: gpt2-124m (default), gpt2-355m, gpt2-774m, gpt2-1558m,\n"
     "                      gpt-4b, gpt-10b, gpt-20b\n"
     "  --profile FILE      a model profile JSON (chunkwise.model_profile format)\n"
-    "  --ranks N           ranks that shard each chunk (default 1)\n"
-    "  --alignment BYTES   tensor alignment inside a chunk (default 256)\n"
-    "  --dtype T           parameter dtype of an analytic model (default fp32)\n"
+    "  --dtype T           parameter dtype of an analytic model (fp32, bf16, fp16)\n"
+    "  --micro-batch N     sequences per rank per step of an analytic model\n"
     "  --save-profile FILE write the model profile as JSON\n"
-    "  --json              print JSON instead of tables\n";
+    "machine (a described machine; defaults: 1 GPU, 24GiB, 64GiB host, 16GB/s PCIe, 3GB/s NVMe of 1TiB):\n"
+    "  --gpus N  (--ranks N)   devices, one rank each\n"
+    "  --gpu-mem BYTES     device memory per GPU chunkwise may use\n"
+    "  --host-mem BYTES    host memory for chunk homes and optimizer states\n"
+    "  --pcie RATE         host<->device bandwidth, e.g. 16GB/s\n"
+    "  --nvme RATE         NVMe read bandwidth (writes at 80%); --nvme-capacity BYTES (0: no NVMe)\n"
+    "  --collective RATE   bus bandwidth of collectives (default 80% of --pcie)\n"
+    "  --gpu-flops RATE    achieved FLOP/s per GPU, e.g. 100e12\n"
+    "  --machine FILE      a machine profile JSON instead (chunkwise.machine_profile format)\n"
+    "  --save-machine FILE write the machine profile as JSON\n"
+    "  --alignment BYTES   tensor alignment inside a chunk for the layout table (default 256)\n"
+    "  --json              print JSON (params, layouts, chosen, plans) instead of tables\n";
+
+/// "16GB/s" -> 16e9 bytes per second; plain numbers ("100e12") are taken as they are.
+double parse_rate(const std::string& flag, const std::string& text) {
+  std::string amount = text;
+  if (amount.size() > 2 && amount.substr(amount.size() - 2) == "/s") amount.resize(amount.size() - 2);
+  if (amount.find_first_of("eE") != std::string::npos && amount.find_first_not_of("0123456789.eE+-") == std::string::npos) {
+    try {
+      const double value = std::stod(amount);
+      if (value > 0) return value;
+    } catch (const std::exception&) {
+    }
+    detail::raise(error_code::invalid_argument, flag + " expects a positive rate such as 16GB/s or 100e12, got '" + text + "'");
+  }
+  const double value = static_cast<double>(parse_bytes(amount));
+  if (value <= 0) detail::raise(error_code::invalid_argument, flag + " must be positive, got '" + text + "'");
+  return value;
+}
 
 std::uint64_t parse_count(const std::string& flag, const std::string& text) {
   std::size_t used = 0;
@@ -72,11 +103,34 @@ options parse_options(int argc, char** argv) {
       opts.profile_file = value();
     } else if (flag == "--save-profile") {
       opts.save_profile_file = value();
-    } else if (flag == "--ranks") {
+    } else if (flag == "--ranks" || flag == "--gpus") {
       const auto ranks = parse_count(flag, value());
       if (ranks == 0 || ranks > 65536)
-        detail::raise(error_code::invalid_argument, "--ranks must be between 1 and 65536, got " + std::to_string(ranks));
-      opts.ranks = static_cast<std::uint32_t>(ranks);
+        detail::raise(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(ranks));
+      opts.machine.gpus = static_cast<std::uint32_t>(ranks);
+    } else if (flag == "--gpu-mem") {
+      opts.machine.gpu_memory = parse_bytes(value());
+    } else if (flag == "--host-mem") {
+      opts.machine.host_memory = parse_bytes(value());
+    } else if (flag == "--pcie") {
+      opts.machine.pcie_bytes_per_second = parse_rate(flag, value());
+    } else if (flag == "--nvme") {
+      opts.machine.nvme_bytes_per_second = parse_rate(flag, value());
+    } else if (flag == "--nvme-capacity") {
+      opts.machine.nvme_capacity = parse_bytes(value());
+    } else if (flag == "--collective") {
+      opts.machine.collective_bytes_per_second = parse_rate(flag, value());
+    } else if (flag == "--gpu-flops") {
+      opts.machine.gpu_flops_per_second = parse_rate(flag, value());
+    } else if (flag == "--machine") {
+      opts.machine_file = value();
+    } else if (flag == "--save-machine") {
+      opts.save_machine_file = value();
+    } else if (flag == "--micro-batch") {
+      const auto batch = parse_count(flag, value());
+      if (batch == 0 || batch > 1u << 20)
+        detail::raise(error_code::invalid_argument, "--micro-batch must be between 1 and 1048576, got " + std::to_string(batch));
+      opts.micro_batch = static_cast<std::uint32_t>(batch);
     } else if (flag == "--alignment") {
       opts.alignment = parse_bytes(value());
     } else if (flag == "--dtype") {
@@ -98,7 +152,33 @@ model_profile load_model(const options& opts) {
   if (!opts.profile_file.empty()) return load_model_profile(opts.profile_file);
   gpt2_config config = find_gpt2_config(opts.model);
   if (opts.type) config.type = *opts.type;
+  if (opts.micro_batch) config.micro_batch = *opts.micro_batch;
   return gpt2_profile(config);
+}
+
+machine_profile load_machine(const options& opts) {
+  if (!opts.machine_file.empty()) return load_machine_profile(opts.machine_file);
+  machine_profile machine = describe_machine(opts.machine);
+  machine.name = std::to_string(opts.machine.gpus) + "x " + format_bytes(opts.machine.gpu_memory) + " GPU, " +
+                 format_bytes(opts.machine.host_memory) + " host";
+  return machine;
+}
+
+struct plan_report {
+  std::array<prediction, default_plans::size> plans;
+  std::optional<std::size_t> chosen;
+  std::string no_fit;  // why nothing fits, when nothing does
+};
+
+plan_report run_planner(const model_profile& model, const machine_profile& machine) {
+  plan_report report;
+  report.plans = evaluate<default_plans>(model, machine);
+  try {
+    report.chosen = choose<default_plans>(model, machine).index;
+  } catch (const error& e) {
+    report.no_fit = e.what();
+  }
+  return report;
 }
 
 struct layout_row {
@@ -126,15 +206,21 @@ std::vector<layout_row> run_layouts(const model_profile& model, const layout_opt
           run_layout<layout::per_tensor>("per_tensor", model, layout_opts)};
 }
 
-void print_tables(const model_profile& model, const options& opts, const std::vector<layout_row>& rows) {
+void print_tables(const model_profile& model, const machine_profile& machine, const options& opts,
+                  const std::vector<layout_row>& rows, const plan_report& report) {
+  const std::uint32_t ranks = machine.devices;
   std::size_t tied = 0;
   for (const auto& t : model.tensors) tied += t.tied ? 1 : 0;
   std::printf("model %s: %zu tensors (%zu tied), %llu parameters, %s; %zu steps, peak activations %s per rank\n",
               model.name.str().c_str(), model.tensors.size(), tied,
               static_cast<unsigned long long>(model.parameter_count()), format_bytes(model.tensor_bytes()).c_str(),
               model.steps.size(), format_bytes(model.peak_activation_bytes()).c_str());
-  std::printf("largest tensor %s; ranks %u, alignment %llu bytes\n\n", format_bytes(model.largest_tensor_bytes()).c_str(),
-              opts.ranks, static_cast<unsigned long long>(opts.alignment));
+  std::printf("largest tensor %s; %.1f GFLOP per step and rank\n", format_bytes(model.largest_tensor_bytes()).c_str(),
+              static_cast<double>(model.total_flops()) / 1e9);
+  std::printf("machine %s: %u x %s device memory, %s host memory, %s NVMe\n\n", machine.name.str().c_str(),
+              machine.devices, format_bytes(machine.device_memory).c_str(), format_bytes(machine.host_memory).c_str(),
+              format_bytes(machine.nvme_capacity).c_str());
+  std::printf("chunk layouts for %u ranks, alignment %llu bytes:\n", ranks, static_cast<unsigned long long>(opts.alignment));
   std::printf("%-16s %12s %7s %12s %8s %12s\n", "layout", "chunk size", "chunks", "waste", "waste %", "shard/rank");
   for (const auto& row : rows) {
     if (!row.summary) {
@@ -144,11 +230,25 @@ void print_tables(const model_profile& model, const options& opts, const std::ve
     const auto& s = *row.summary;
     std::printf("%-16s %12s %7llu %12s %7.2f%% %12s\n", row.name.c_str(), format_bytes(s.chunk_bytes).c_str(),
                 static_cast<unsigned long long>(s.chunk_count), format_bytes(s.waste).c_str(),
-                100.0 * s.waste_fraction(), format_bytes(s.total_bytes / opts.ranks).c_str());
+                100.0 * s.waste_fraction(), format_bytes(s.total_bytes / ranks).c_str());
+  }
+  std::printf("\nplans (step time per rank; device memory per rank, host and NVMe for the machine; * = chosen):\n%s",
+              explain_table<default_plans>(report.plans, report.chosen).c_str());
+  if (report.chosen) {
+    const auto& p = report.plans[*report.chosen];
+    std::printf("\nchosen: %s, %s chunks x %llu, %llu device blocks, %.0f%% of resident chunks' optimizer states off "
+                "the device; predicted %.3f s per step\n",
+                default_plans::names()[*report.chosen].c_str(), format_bytes(p.knobs.chunk_bytes).c_str(),
+                static_cast<unsigned long long>(p.knobs.chunks), static_cast<unsigned long long>(p.knobs.device_blocks),
+                100.0 * p.knobs.offload_fraction, p.time.step);
+  } else {
+    std::printf("\n%s\n", report.no_fit.c_str());
   }
 }
 
-nlohmann::json to_json(const model_profile& model, const options& opts, const std::vector<layout_row>& rows) {
+nlohmann::json to_json(const model_profile& model, const machine_profile& machine, const options& opts,
+                       const std::vector<layout_row>& rows, const plan_report& report) {
+  const std::uint32_t ranks = machine.devices;
   nlohmann::json layouts = nlohmann::json::array();
   for (const auto& row : rows) {
     nlohmann::json entry{{"name", row.name}, {"feasible", row.summary.has_value()}};
@@ -159,7 +259,7 @@ nlohmann::json to_json(const model_profile& model, const options& opts, const st
                     {"total_bytes", s.total_bytes},
                     {"waste_bytes", s.waste},
                     {"waste_percent", 100.0 * s.waste_fraction()},
-                    {"shard_bytes_per_rank", s.total_bytes / opts.ranks}});
+                    {"shard_bytes_per_rank", s.total_bytes / ranks}});
     } else {
       entry["error"] = row.error;
     }
@@ -170,9 +270,13 @@ nlohmann::json to_json(const model_profile& model, const options& opts, const st
           {"tensors", model.tensors.size()},
           {"tensor_bytes", model.tensor_bytes()},
           {"peak_activation_bytes", model.peak_activation_bytes()},
-          {"ranks", opts.ranks},
+          {"ranks", ranks},
           {"alignment", opts.alignment},
-          {"layouts", std::move(layouts)}};
+          {"machine", chunkwise::to_json(machine)},
+          {"layouts", std::move(layouts)},
+          {"chosen", report.chosen ? nlohmann::json(default_plans::names()[*report.chosen]) : nlohmann::json(nullptr)},
+          {"no_fit", report.chosen ? nlohmann::json(nullptr) : nlohmann::json(report.no_fit)},
+          {"plans", explain_json<default_plans>(report.plans, report.chosen)}};
 }
 
 }  // namespace
@@ -182,12 +286,16 @@ int main(int argc, char** argv) {
     const options opts = parse_options(argc, argv);
     const model_profile model = load_model(opts);
     if (!opts.save_profile_file.empty()) save_model_profile(model, opts.save_profile_file);
-    const layout_options layout_opts{opts.ranks, opts.alignment};
+    const machine_profile machine = load_machine(opts);
+    validate(machine);
+    if (!opts.save_machine_file.empty()) save_machine_profile(machine, opts.save_machine_file);
+    const layout_options layout_opts{machine.devices, opts.alignment};
     validate(layout_opts);
     const auto rows = run_layouts(model, layout_opts);
-    if (opts.json) std::cout << to_json(model, opts, rows).dump(2) << "\n";
-    else print_tables(model, opts, rows);
-    return 0;
+    const auto report = run_planner(model, machine);
+    if (opts.json) std::cout << to_json(model, machine, opts, rows, report).dump(2) << "\n";
+    else print_tables(model, machine, opts, rows, report);
+    return report.chosen ? 0 : 3;
   } catch (const chunkwise::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -29,6 +29,7 @@ class tensor_name {
     length_ = static_cast<std::uint8_t>(text.size());
   }
   constexpr tensor_name(const char* text) : tensor_name(std::string_view(text)) {}
+  tensor_name(const std::string& text) : tensor_name(std::string_view(text)) {}  // NOLINT: as above
 
   [[nodiscard]] constexpr std::string_view view() const noexcept { return {chars_.data(), length_}; }
   [[nodiscard]] std::string str() const { return std::string(view()); }

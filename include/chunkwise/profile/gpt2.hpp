@@ -14,6 +14,9 @@
 //                                                           fcproj, residual3 = 18*C per token; 4 layer-norm stats;
 //                                                           preatt and att are H*T*T per sequence)
 //   head:     B*T*(C + 2) + 2*B*T*V + B*T                   (lnf and its stats, logits, probs, losses)
+// With flash_attention the H*T*T score matrices are not kept (B*H*T softmax statistics are), as FlashAttention does.
+// With recompute (activation checkpointing per layer) a layer keeps only its input, B*T*C, and its backward step
+// recomputes the layer first: it holds the layer's full activations again, and does the forward FLOPs once more.
 // A forward step holds everything saved so far. A backward step holds what is still saved plus the gradients of the
 // step's own activations (one layer's worth, or the head's logits gradient), the working set of llm.c's backward.
 // Times size_of(dtype) bytes.
@@ -43,6 +46,8 @@ struct gpt2_config {
   std::uint32_t context = 1024;
   std::uint32_t micro_batch = 4;
   dtype type = dtype::fp32;
+  bool flash_attention = false;  // attention scores not kept for backward
+  bool recompute = false;        // per-layer activation checkpointing
 
   [[nodiscard]] constexpr std::uint64_t parameter_count() const noexcept {
     const std::uint64_t c = d_model;
@@ -51,14 +56,16 @@ struct gpt2_config {
   }
 };
 
+// Micro-batches of the published sizes: what fits a 24 GiB card with llm.c's fp32 activations.
 inline constexpr gpt2_config gpt2_124m{"gpt2-124m", 12, 768, 12, 50257, 1024, 4};
 inline constexpr gpt2_config gpt2_355m{"gpt2-355m", 24, 1024, 16, 50257, 1024, 4};
-inline constexpr gpt2_config gpt2_774m{"gpt2-774m", 36, 1280, 20, 50257, 1024, 4};
-inline constexpr gpt2_config gpt2_1558m{"gpt2-1558m", 48, 1600, 25, 50257, 1024, 4};
+inline constexpr gpt2_config gpt2_774m{"gpt2-774m", 36, 1280, 20, 50257, 1024, 2};
+inline constexpr gpt2_config gpt2_1558m{"gpt2-1558m", 48, 1600, 25, 50257, 1024, 1};
 // Larger GPT-style sizes for planning (same block; GPT-NeoX-20B's depth and width for the largest).
-inline constexpr gpt2_config gpt_4b{"gpt-4b", 32, 3200, 25, 50257, 2048, 1};
-inline constexpr gpt2_config gpt_10b{"gpt-10b", 48, 4096, 32, 50257, 2048, 1};
-inline constexpr gpt2_config gpt_20b{"gpt-20b", 44, 6144, 48, 50257, 2048, 1};
+// Trained as such models are: bf16, FlashAttention, per-layer activation checkpointing.
+inline constexpr gpt2_config gpt_4b{"gpt-4b", 32, 3200, 25, 50257, 2048, 1, dtype::bf16, true, true};
+inline constexpr gpt2_config gpt_10b{"gpt-10b", 48, 4096, 32, 50257, 2048, 1, dtype::bf16, true, true};
+inline constexpr gpt2_config gpt_20b{"gpt-20b", 44, 6144, 48, 50257, 2048, 1, dtype::bf16, true, true};
 
 inline constexpr std::array<gpt2_config, 7> gpt2_configs{gpt2_124m,  gpt2_355m, gpt2_774m, gpt2_1558m,
                                                          gpt_4b,     gpt_10b,   gpt_20b};
@@ -107,7 +114,10 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
                       h = config.heads;
   const byte_count element = size_of(config.type);
   const byte_count embed_acts = b * t * c * element;
-  const byte_count layer_acts = (b * t * (18 * c + 4) + 2 * b * h * t * t) * element;
+  const byte_count layer_acts =
+      (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : 2 * b * h * t * t)) * element;
+  const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
+  const byte_count recomputed = config.recompute ? layer_acts : 0;  // a layer's activations rebuilt in its step
   const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
   const byte_count head_grad_acts = b * t * v * element;  // dlogits
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
@@ -115,6 +125,8 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
 
   model_profile model;
   model.name = config.name;
+  model.tensors.reserve(2 + 12 * std::size_t{config.layers} + 2);
+  model.steps.reserve(2 * std::size_t{config.layers} + 4);
   auto add = [&](tensor_name name, std::uint64_t elements, bool tied = false) {
     model.tensors.push_back(tensor_spec{name, elements, config.type, tensor_role::parameter, tied});
     return static_cast<std::uint32_t>(model.tensors.size() - 1);
@@ -132,13 +144,13 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
     profile_step step{detail::layer_tensor_name(layer, ""), step_kind::forward, {}, 0};
     for (std::size_t i = 0; i < suffixes.size(); ++i)
       step.tensors.push_back(add(detail::layer_tensor_name(layer, suffixes[i]), sizes[i]));
-    step.activation_bytes = embed_acts + (layer + 1) * layer_acts;
+    step.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed;
     step.flops = layer_flops;
     model.steps.push_back(step);
   }
   const std::uint32_t ln_f_weight = add("ln_f.weight", c);
   const std::uint32_t ln_f_bias = add("ln_f.bias", c);
-  const byte_count all_saved = embed_acts + config.layers * layer_acts + head_acts;
+  const byte_count all_saved = embed_acts + config.layers * saved_per_layer + head_acts;
   model.steps.push_back(profile_step{"head", step_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved, head_flops});
 
   // Backward: head, layers in reverse, embedding. A step's saved activations are freed after it runs.
@@ -147,8 +159,8 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   for (std::uint32_t layer = config.layers; layer-- > 0;) {
     profile_step step = model.steps[1 + layer];
     step.kind = step_kind::backward;
-    step.activation_bytes = embed_acts + (layer + 1) * layer_acts + layer_acts;
-    step.flops = 2 * layer_flops;
+    step.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed + layer_acts;
+    step.flops = (config.recompute ? 3 : 2) * layer_flops;
     model.steps.push_back(step);
   }
   model.steps.push_back(profile_step{"embed", step_kind::backward, {wte, wpe}, embed_acts + b * t * c * element});

@@ -1,0 +1,204 @@
+#pragma once
+// The cost model: (plan, inner knobs, model profile, machine profile) -> memory per tier and step time.
+// docs/cost-model.md derives every formula; the short form, per rank, with n chunks of average capacity C:
+//
+// Homes. The collective says what each rank keeps of each role: Hp, Hg, Ho = Collective::bytes_per_rank(role, ...)
+// for parameters (C per chunk), gradients (C) and optimizer states (C * k, k = (8 + master) / s: Adam's m and v in
+// fp32 plus an fp32 master copy when parameters are s = 2-byte types). Per chunk: cp = Hp/n, cg = Hg/n, co = Ho/n.
+// The placement keeps R = Placement::resident_chunks(n, b) chunks on the device (the first R in first-use order) and
+// streams the other S = n - R through b - R device blocks. The optimizer policy moves the states of Roff of the R
+// resident chunks off the device. Streamed chunks keep gradients and states in their home.
+//
+// Memory. device = Placement::device_bytes(cp, n, b) + gathered chunks (Collective::working_bytes(parameter) per chunk
+// of the widest step, plus one prefetched) + 2 full-chunk gradient buffers + (R - Roff)(cg + co) + peak activations.
+// host = ranks * (Placement::host_bytes + (S + Roff)(cg + co) of the states kept in host memory);
+// nvme = ranks * (Placement::nvme_bytes + states kept on NVMe).
+//
+// Time. Forward and backward overlap compute (profile FLOPs / device FLOP/s) with collectives (Collective::traffic
+// over the measured bus bandwidth at chunk size, plus a latency per call), host-to-device fetches (Belady misses of a
+// cold cache along the profiled chunk order: every streamed chunk changed at home last step), device-to-host gradient
+// moves and NVMe reads: phase = max of those + the first fetch, which nothing hides. The update runs on the device
+// for (R - Roff) chunks and on the host's cores, shared by all ranks, for S + Roff chunks, concurrently with NVMe state
+// streaming and the upload of updated resident parameters: optimizer = max of those.
+// step = phase + optimizer.
+#include <chunkwise/collective/concepts.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/placement/concepts.hpp>
+#include <chunkwise/plan/detail/chunk_trace.hpp>
+#include <chunkwise/plan/optimizer_execution.hpp>
+#include <chunkwise/plan/plan.hpp>
+#include <chunkwise/plan/prediction.hpp>
+#include <chunkwise/profile/machine_profile.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+
+namespace chunkwise {
+
+namespace detail {
+
+constexpr double seconds(double bytes, double bytes_per_second) noexcept {
+  return bytes <= 0 ? 0.0 : bytes / bytes_per_second;
+}
+
+/// Bytes per parameter byte of optimizer state: Adam's two fp32 moments, plus an fp32 master copy for 16-bit
+/// parameters (mixed precision).
+constexpr double optimizer_bytes_per_parameter_byte(const model_profile& model) noexcept {
+  std::uint64_t elements = 0;
+  for (const auto& t : model.tensors) elements += t.elements;
+  const double bytes_per_element = static_cast<double>(model.tensor_bytes()) / static_cast<double>(elements);
+  const double state_bytes_per_element = 8.0 + (bytes_per_element < 4.0 ? 4.0 : 0.0);
+  return state_bytes_per_element / bytes_per_element;
+}
+
+constexpr double state_bytes_per_element(const model_profile& model) noexcept {
+  std::uint64_t elements = 0;
+  for (const auto& t : model.tensors) elements += t.elements;
+  const double bytes_per_element = static_cast<double>(model.tensor_bytes()) / static_cast<double>(elements);
+  return 8.0 + (bytes_per_element < 4.0 ? 4.0 : 0.0);
+}
+
+template <class Space>
+inline constexpr bool on_nvme = std::same_as<Space, space::nvme>;
+
+/// Per-rank byte shares of one chunk for each role, and the working buffers, at one chunk size.
+struct chunk_shares {
+  std::uint64_t chunks = 0;
+  byte_count chunk_bytes = 0;    // largest chunk capacity
+  byte_count average_bytes = 0;  // average chunk capacity
+  byte_count parameter = 0;      // cp
+  byte_count gradient = 0;       // cg
+  byte_count state = 0;          // co
+  byte_count gather_working = 0; // one gathered parameter chunk (0 when parameters are not sharded)
+  byte_count gradient_working = 0;
+};
+
+template <class Collective>
+constexpr chunk_shares shares_of(const model_profile& model, const layout_summary& layout, int ranks) {
+  chunk_shares s;
+  s.chunks = layout.chunk_count;
+  s.chunk_bytes = layout.chunk_bytes;
+  s.average_bytes = div_ceil(layout.total_bytes, layout.chunk_count);
+  const auto n = static_cast<std::size_t>(layout.chunk_count);
+  const auto state_chunk =
+      static_cast<byte_count>(static_cast<double>(s.average_bytes) * optimizer_bytes_per_parameter_byte(model));
+  s.parameter = div_ceil(Collective::bytes_per_rank(tensor_role::parameter, s.average_bytes, n, ranks), n);
+  s.gradient = div_ceil(Collective::bytes_per_rank(tensor_role::gradient, s.average_bytes, n, ranks), n);
+  s.state = div_ceil(Collective::bytes_per_rank(tensor_role::optimizer_state, state_chunk, n, ranks), n);
+  // One rank's shard is the whole chunk: nothing to gather.
+  s.gather_working = ranks > 1 ? Collective::working_bytes(tensor_role::parameter, s.chunk_bytes, ranks) : 0;
+  const byte_count gradient_working = Collective::working_bytes(tensor_role::gradient, s.chunk_bytes, ranks);
+  s.gradient_working = gradient_working > 0 ? gradient_working : s.chunk_bytes;
+  return s;
+}
+
+}  // namespace detail
+
+/// Memory of `Plan` at `device_blocks` blocks with `offloaded` resident chunks' optimizer states off the device.
+template <class Plan>
+constexpr memory_use predict_memory(const model_profile& model, const machine_profile& machine,
+                                    const detail::chunk_shares& s, const detail::chunk_trace& trace,
+                                    std::uint64_t device_blocks, std::uint64_t offloaded) {
+  using placement = typename Plan::placement;
+  using optimizer = typename Plan::optimizer;
+  const auto n = static_cast<std::size_t>(s.chunks);
+  const auto b = static_cast<std::size_t>(device_blocks);
+  const std::uint64_t resident = placement::resident_chunks(n, b);
+  const std::uint64_t streamed = s.chunks - resident;
+  const byte_count ranks = machine.devices;
+
+  memory_use m;
+  m.device_parameters = placement::device_bytes(s.parameter, n, b);
+  m.device_working = s.gather_working * (trace.widest_step + 1) + 2 * s.gradient_working;
+  m.device_optimizer = (resident - offloaded) * (s.gradient + s.state);
+  m.device_activations = model.peak_activation_bytes();
+  m.device = m.device_parameters + m.device_working + m.device_optimizer + m.device_activations;
+
+  // Gradients always pass through host memory on their way to a host-side update; states stay where their space is.
+  const bool streamed_states_on_nvme = detail::on_nvme<typename placement::home_space>;
+  const bool offloaded_states_on_nvme = detail::on_nvme<typename optimizer::offload_space>;
+  byte_count host = placement::host_bytes(s.parameter, n, b) + (streamed + offloaded) * s.gradient;
+  byte_count nvme = placement::nvme_bytes(s.parameter, n, b);
+  (streamed_states_on_nvme ? nvme : host) += streamed * s.state;
+  (offloaded_states_on_nvme ? nvme : host) += offloaded * s.state;
+  m.host = ranks * host;
+  m.nvme = ranks * nvme;
+  return m;
+}
+
+/// Step time of `Plan` with the memory above; `fetches` is the cache's count of chunk fetches per step.
+template <class Plan>
+constexpr time_breakdown predict_time(const model_profile& model, const machine_profile& machine,
+                                      const detail::chunk_shares& s, std::uint64_t device_blocks,
+                                      std::uint64_t offloaded, std::uint64_t fetches) {
+  using placement = typename Plan::placement;
+  using collective = typename Plan::collective;
+  using optimizer = typename Plan::optimizer;
+  using detail::seconds;
+  const auto n = static_cast<std::size_t>(s.chunks);
+  const int ranks = static_cast<int>(machine.devices);
+  const std::uint64_t resident = placement::resident_chunks(n, static_cast<std::size_t>(device_blocks));
+  const std::uint64_t streamed = s.chunks - resident;
+  const bool home_on_nvme = detail::on_nvme<typename placement::home_space>;
+  const bool offload_on_nvme = detail::on_nvme<typename optimizer::offload_space>;
+
+  time_breakdown t;
+  t.compute = static_cast<double>(model.total_flops()) / machine.device_flops_per_second;
+
+  // Collectives: bus bytes over the bus bandwidth at this chunk size, plus a fixed cost per call.
+  const step_traffic traffic = collective::traffic(s.average_bytes, s.average_bytes, n, ranks);
+  const double message = static_cast<double>(s.average_bytes);
+  const auto calls = [&](byte_count bytes, double per_call) { return per_call > 0 ? static_cast<double>(bytes) / per_call : 0.0; };
+  const double ring_gather = ranks > 1 ? message * (ranks - 1) / ranks : 0.0;
+  t.collective = seconds(static_cast<double>(traffic.all_gather), machine.all_gather.at(s.average_bytes)) +
+                 seconds(static_cast<double>(traffic.reduce_scatter), machine.reduce_scatter.at(s.average_bytes)) +
+                 seconds(static_cast<double>(traffic.all_reduce + traffic.cross_group_all_reduce),
+                         machine.all_reduce.at(s.average_bytes)) +
+                 machine.collective_latency_seconds *
+                     (calls(traffic.all_gather, ring_gather) + calls(traffic.reduce_scatter, ring_gather) +
+                      calls(traffic.all_reduce + traffic.cross_group_all_reduce, 2 * ring_gather));
+
+  // Moves in forward and backward.
+  const double fetch_bytes = static_cast<double>(fetches * s.parameter);
+  const double gradient_down = static_cast<double>((streamed + offloaded) * s.gradient);
+  t.host_to_device = seconds(fetch_bytes, machine.host_to_device_bytes_per_second);
+  t.device_to_host = seconds(gradient_down, machine.device_to_host_bytes_per_second);
+  const double nvme_fetch = home_on_nvme ? seconds(fetch_bytes, machine.nvme_read_bytes_per_second) : 0.0;
+  // Nothing hides the first fetch of a step (and its NVMe read), nor the first gather.
+  const double first_fetch = streamed > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) +
+                                                (home_on_nvme ? seconds(static_cast<double>(s.parameter), machine.nvme_read_bytes_per_second) : 0.0)
+                                          : 0.0;
+  const double first_gather = traffic.all_gather > 0 ? seconds(ring_gather, machine.all_gather.at(s.average_bytes)) : 0.0;
+  const double phase = std::max({t.compute, t.collective, t.host_to_device, t.device_to_host, nvme_fetch}) +
+                       first_fetch + first_gather;
+
+  // The update: device kernel for resident chunks with states on device; host kernel for the rest, its cores shared
+  // by every rank of the machine; NVMe streams states (and streamed parameters) in and out concurrently.
+  const double elements_per_chunk = static_cast<double>(s.state) / detail::state_bytes_per_element(model);
+  const double device_update = elements_per_chunk * static_cast<double>(resident - offloaded) /
+                               machine.device_optimizer_params_per_second;
+  const double host_update = elements_per_chunk * static_cast<double>(streamed + offloaded) * ranks /
+                             machine.host_optimizer_params_per_second;
+  const double state_bytes_on_nvme = static_cast<double>(s.state) *
+                                     static_cast<double>((home_on_nvme ? streamed : 0) + (offload_on_nvme ? offloaded : 0));
+  const double parameter_writes_to_nvme = home_on_nvme ? static_cast<double>(streamed * s.parameter) : 0.0;
+  const double nvme_states = seconds(state_bytes_on_nvme * ranks, machine.nvme_read_bytes_per_second) +
+                             seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
+  const double upload = seconds(static_cast<double>(offloaded * s.parameter), machine.host_to_device_bytes_per_second);
+  t.optimizer = std::max(device_update, host_update);
+  const double update = std::max({device_update, host_update, nvme_states, upload}) +
+                        (offloaded > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) : 0.0);
+
+  t.nvme = nvme_fetch + nvme_states;
+  t.host_to_device += upload;
+  t.collective_exposed = std::max(0.0, t.collective - t.compute) + first_gather;
+  t.host_to_device_exposed = std::max(0.0, t.host_to_device - upload - t.compute) + first_fetch;
+  t.device_to_host_exposed = std::max(0.0, t.device_to_host - t.compute);
+  t.nvme_exposed = std::max(0.0, nvme_fetch - t.compute);
+  t.step = phase + update;
+  return t;
+}
+
+}  // namespace chunkwise

@@ -1,0 +1,253 @@
+#include <chunkwise/plan.hpp>
+#include <chunkwise/profile.hpp>
+
+#include <doctest/doctest.h>
+
+#include <random>
+
+using namespace chunkwise;
+
+namespace {
+constexpr machine_profile workstation = describe_machine({.gpus = 4, .gpu_memory = 24 * GiB, .host_memory = 128 * GiB});
+constexpr machine_profile small_card = describe_machine({.gpus = 1, .gpu_memory = 4 * GiB, .host_memory = 32 * GiB});
+constexpr gpt2_config gpt2_124m_batch1 = [] {
+  auto config = gpt2_124m;
+  config.micro_batch = 1;
+  return config;
+}();
+
+using small_plans = plan_set<plan<layout::min_waste<>, resident, replicated, optimizer_follows_home>,
+                             plan<layout::min_waste<>, resident, sharded, optimizer_follows_home>,
+                             plan<layout::min_waste<>, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+}  // namespace
+
+// The choice is a compile-time constant for a constant profile and machine. GPT-2 124M with one sequence per step
+// on a 4 GiB card: parameters, gradients and Adam states (2 GiB) plus 2.5 GiB of activations do not fit resident;
+// offloading the optimizer states to the host is the fastest plan that fits.
+constexpr auto compile_time_choice = choose<default_plans>(gpt2_profile(gpt2_124m_batch1), small_card);
+static_assert(compile_time_choice.predicted.feasible);
+static_assert(compile_time_choice.index == 3);  // resident/sharded/auto<pinned_host>
+static_assert(compile_time_choice.predicted.knobs.offloaded_resident_chunks == 2);  // of 3: one keeps its states
+static_assert(!compile_time_choice.plans[0].feasible);
+static_assert(compile_time_choice.plans[0].limit == plan_limit::device_memory);
+// Without the offload plans in the set, the device cache over host homes is the one that fits.
+constexpr auto small_card_choice = choose<small_plans>(gpt2_profile(gpt2_124m_batch1), small_card);
+static_assert(small_card_choice.index == 2);
+static_assert(small_card_choice.predicted.knobs.device_blocks == 2);
+
+TEST_CASE("the run-time choice equals the compile-time choice") {
+  const auto run_time = choose<default_plans>(gpt2_profile(gpt2_124m_batch1), small_card);
+  CHECK(run_time.index == compile_time_choice.index);
+  CHECK(run_time.predicted.time.step == compile_time_choice.predicted.time.step);
+  CHECK(run_time.predicted.knobs.chunk_bytes == compile_time_choice.predicted.knobs.chunk_bytes);
+  CHECK(run_time.predicted.memory.device == compile_time_choice.predicted.memory.device);
+  for (std::size_t i = 0; i < default_plans::size; ++i) {
+    CHECK(run_time.plans[i].feasible == compile_time_choice.plans[i].feasible);
+    CHECK(run_time.plans[i].time.step == compile_time_choice.plans[i].time.step);
+  }
+}
+
+TEST_CASE("more device memory never gives a slower prediction") {
+  for (const auto& config : {gpt2_124m, gpt2_774m, gpt_4b}) {
+    const auto model = gpt2_profile(config);
+    for (std::uint32_t gpus : {1u, 2u, 4u}) {
+      std::array<double, default_plans::size> previous{};
+      previous.fill(1e300);
+      for (byte_count memory = 2 * GiB; memory <= 96 * GiB; memory += 2 * GiB) {
+        const auto machine = describe_machine({.gpus = gpus, .gpu_memory = memory, .host_memory = 256 * GiB});
+        const auto plans = evaluate<default_plans>(model, machine);
+        for (std::size_t i = 0; i < plans.size(); ++i) {
+          if (!plans[i].feasible) {
+            REQUIRE(previous[i] == 1e300);  // once feasible, more memory keeps it feasible
+            continue;
+          }
+          CAPTURE(config.name.str());
+          CAPTURE(gpus);
+          CAPTURE(memory);
+          CAPTURE(default_plans::names()[i]);
+          REQUIRE(plans[i].time.step <= previous[i] * (1 + 1e-12));
+          previous[i] = plans[i].time.step;
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("on one rank a plan that fits unsharded is never predicted slower than sharded") {
+  for (const auto& config : {gpt2_124m, gpt2_355m, gpt2_774m}) {
+    const auto model = gpt2_profile(config);
+    for (byte_count memory : {8 * GiB, 16 * GiB, 40 * GiB, 80 * GiB}) {
+      const auto machine = describe_machine({.gpus = 1, .gpu_memory = memory, .host_memory = 256 * GiB});
+      const auto plans = evaluate<default_plans>(model, machine);
+      if (!plans[0].feasible) continue;
+      CAPTURE(config.name.str());
+      CAPTURE(memory);
+      CHECK(plans[0].time.step <= plans[1].time.step);  // replicated vs shard_grads
+      CHECK(plans[0].time.step <= plans[2].time.step);  // replicated vs sharded
+    }
+  }
+}
+
+namespace {
+/// Brute force over every inner knob: every chunk-size candidate, every block count, every offload fraction step.
+template <class Plan>
+double brute_force_step(const model_profile& model, const machine_profile& machine) {
+  using candidates = detail::layout_candidates<typename Plan::layout>;
+  using placement = typename Plan::placement;
+  using optimizer = typename Plan::optimizer;
+  double best = 1e300;
+  const layout_options options{machine.devices, plan_alignment};
+  for (std::size_t c = 0; c < candidates::count; ++c) {
+    if (!candidates::fits(model, options, c)) continue;
+    const auto map = candidates::build(model, options, c);
+    const auto trace = detail::trace_chunks(model, map);
+    const auto shares = detail::shares_of<typename Plan::collective>(model, map.summary(), static_cast<int>(machine.devices));
+    const std::uint64_t n = map.chunks.size();
+    const bool searched = optimizer::min_offload_fraction < optimizer::max_offload_fraction;
+    for (int step = 0; step <= (searched ? 8 : 0); ++step) {
+      const double fraction = searched ? step / 8.0 : optimizer::min_offload_fraction;
+      for (std::uint64_t blocks = 1; blocks <= n; ++blocks) {
+        if (!placement::uses_device_cache && blocks != n) continue;
+        const std::uint64_t resident = placement::resident_chunks(n, blocks);
+        const std::uint64_t offloaded = std::min<std::uint64_t>(resident, static_cast<std::uint64_t>(fraction * static_cast<double>(resident) + 0.5));
+        const auto memory = predict_memory<Plan>(model, machine, shares, trace, blocks, offloaded);
+        if (memory.device > machine.device_memory || memory.host > machine.host_memory || memory.nvme > machine.nvme_capacity)
+          continue;
+        const auto fetches = resident == n ? 0 : detail::count_fetches(trace, static_cast<std::uint32_t>(resident), blocks - resident);
+        if (fetches == ~std::uint64_t{0}) continue;
+        best = std::min(best, predict_time<Plan>(model, machine, shares, blocks, offloaded, fetches).step);
+      }
+    }
+  }
+  return best;
+}
+}  // namespace
+
+TEST_CASE("the inner-knob search equals brute force on small cases") {
+  auto config = gpt2_124m;
+  config.micro_batch = 1;
+  config.context = 256;
+  const auto model = gpt2_profile(config);
+  for (byte_count memory : {1 * GiB, 2 * GiB, 3 * GiB, 6 * GiB}) {
+    for (std::uint32_t gpus : {1u, 2u}) {
+      const auto machine = describe_machine({.gpus = gpus, .gpu_memory = memory, .host_memory = 64 * GiB});
+      const auto plans = evaluate<default_plans>(model, machine);
+      const auto brute = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return std::array<double, default_plans::size>{brute_force_step<default_plans::at<I>>(model, machine)...};
+      }(std::make_index_sequence<default_plans::size>{});
+      for (std::size_t i = 0; i < plans.size(); ++i) {
+        CAPTURE(memory);
+        CAPTURE(gpus);
+        CAPTURE(default_plans::names()[i]);
+        if (brute[i] == 1e300) {
+          CHECK_FALSE(plans[i].feasible);
+        } else {
+          REQUIRE(plans[i].feasible);
+          CHECK(plans[i].time.step == doctest::Approx(brute[i]).epsilon(1e-12));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the chunk cache never fetches more with more blocks, and reports a step that cannot fit") {
+  // A random trace of steps over 6 chunks; next-use eviction's fetch count is non-increasing in the block count.
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    detail::chunk_trace trace;
+    for (int s = 0; s < 12; ++s) {
+      std::vector<std::uint32_t> step;
+      const int width = 1 + static_cast<int>(rng() % 2);
+      while (static_cast<int>(step.size()) < width) {
+        const auto c = static_cast<std::uint32_t>(rng() % 6);
+        if (std::find(step.begin(), step.end(), c) == step.end()) step.push_back(c);
+      }
+      trace.widest_step = std::max<std::uint64_t>(trace.widest_step, step.size());
+      trace.steps.push_back(step);
+    }
+    std::uint64_t previous = ~std::uint64_t{0};
+    for (std::uint64_t blocks = trace.widest_step; blocks <= 6; ++blocks) {
+      const auto fetches = detail::count_fetches(trace, 0, blocks);
+      REQUIRE(fetches <= previous);
+      previous = fetches;
+    }
+    CHECK(detail::count_fetches(trace, 0, 6) <= 6);  // every chunk once at most when all fit
+    if (trace.widest_step > 1) CHECK(detail::count_fetches(trace, 0, 1) == ~std::uint64_t{0});  // a step cannot fit
+  }
+}
+
+TEST_CASE("when no plan fits the error names the smallest memory that would fit and the plan") {
+  const auto model = gpt2_profile(gpt2_774m);
+  const auto tiny = describe_machine({.gpus = 1, .gpu_memory = 1 * GiB, .host_memory = 64 * GiB});
+  CHECK_THROWS_WITH_AS(choose<default_plans>(model, tiny),
+                       doctest::Contains("no plan fits this machine (1 x 1.00 GiB device memory"), error);
+  try {
+    (void)choose<default_plans>(model, tiny);
+  } catch (const error& e) {
+    CHECK(e.code() == error_code::out_of_memory);
+    const std::string text = e.what();
+    CHECK(text.find("The closest is ") != std::string::npos);
+    CHECK(text.find("of device memory, the machine has 1.00 GiB") != std::string::npos);
+  }
+  // The closest plan's need, granted, makes it fit.
+  const auto plans = evaluate<default_plans>(model, tiny);
+  std::size_t closest = 0;
+  for (std::size_t i = 1; i < plans.size(); ++i)
+    if (detail::closer_to_fitting(plans[i], plans[closest])) closest = i;
+  const auto enough = describe_machine({.gpus = 1, .gpu_memory = plans[closest].needed, .host_memory = 64 * GiB});
+  CHECK(evaluate<default_plans>(model, enough)[closest].feasible);
+}
+
+TEST_CASE("hybrid plans on a rank count their groups do not divide are infeasible with the reason") {
+  using plans = plan_set<plan<layout::min_waste<>, resident, hybrid<2>, optimizer_follows_home>>;
+  const auto three = describe_machine({.gpus = 3});
+  const auto result = evaluate<plans>(gpt2_profile(gpt2_124m), three);
+  CHECK_FALSE(result[0].feasible);
+  CHECK(result[0].limit == plan_limit::ranks);
+  CHECK(explain_table<plans>(result, std::nullopt).find("its collective cannot split 3 ranks") != std::string::npos);
+}
+
+TEST_CASE("dispatch calls the function with the chosen plan's type") {
+  const auto choice = choose<default_plans>(gpt2_profile(gpt2_1558m), workstation);
+  const std::string name = dispatch<default_plans>(choice.index, []<class Plan>(std::type_identity<Plan>) { return Plan::name(); });
+  CHECK(name == "min_waste/resident/sharded/follows_home");
+  for (std::size_t i = 0; i < default_plans::size; ++i)
+    CHECK(dispatch<default_plans>(i, []<class Plan>(std::type_identity<Plan>) { return Plan::name(); }) ==
+          default_plans::names()[i]);
+  CHECK_THROWS_WITH_AS(dispatch<default_plans>(8, [](auto) { return 0; }), doctest::Contains("the plan set has 8 plans"),
+                       error);
+  CHECK(find_plan<default_plans>("min_waste/cached<nvme>/sharded/follows_home") == 7);
+  CHECK_THROWS_WITH_AS(find_plan<default_plans>("zero-4"), doctest::Contains("unknown plan 'zero-4'; the plans are:"), error);
+}
+
+TEST_CASE("explain lists every plan with its prediction, the winner marked, also as JSON") {
+  const auto choice = choose<default_plans>(gpt2_profile(gpt2_1558m), workstation);
+  const auto table = explain_table<default_plans>(choice.plans, choice.index);
+  CHECK(table.find("* min_waste/resident/sharded/follows_home") != std::string::npos);
+  CHECK(table.find("infeasible: needs") != std::string::npos);
+  const auto json = explain_json<default_plans>(choice.plans, choice.index);
+  REQUIRE(json.size() == default_plans::size);
+  CHECK(json[2]["chosen"] == true);
+  CHECK(json[2]["feasible"] == true);
+  CHECK(json[2]["step_seconds"].get<double>() == choice.predicted.time.step);
+  CHECK(json[0]["feasible"] == false);
+  CHECK(json[0]["limit"] == "device memory");
+  CHECK(json[0]["step_seconds"].is_null());
+  CHECK(json[2]["peak_device_bytes"].get<byte_count>() <= workstation.device_memory);
+}
+
+TEST_CASE("an offloaded optimizer moves gradients down and parameters up, and its time is the host's") {
+  const auto model = gpt2_profile(gpt2_355m);
+  const auto machine = describe_machine({.gpus = 1, .gpu_memory = 80 * GiB, .host_memory = 64 * GiB});
+  using plans = plan_set<plan<layout::min_waste<>, resident, replicated, optimizer_follows_home>,
+                         plan<layout::min_waste<>, resident, replicated, optimizer_offload<>>>;
+  const auto result = evaluate<plans>(model, machine);
+  REQUIRE(result[0].feasible);
+  REQUIRE(result[1].feasible);
+  CHECK(result[0].time.device_to_host == 0);
+  const double parameter_bytes = static_cast<double>(result[1].knobs.chunks * result[1].knobs.chunk_bytes);
+  CHECK(result[1].time.device_to_host == doctest::Approx(parameter_bytes / machine.device_to_host_bytes_per_second));
+  CHECK(result[1].time.optimizer == doctest::Approx(parameter_bytes / 4 / machine.host_optimizer_params_per_second));
+  CHECK(result[1].memory.device < result[0].memory.device);
+  CHECK(result[1].memory.host > 0);
+}
