@@ -354,8 +354,8 @@ class nvme_tier {
   }
 
 #if CHUNKWISE_HAS_URING
-  // Keeps queue_depth requests in flight; checksums of a write are computed just before its submission, those of a
-  // read just after its completion, so the CPU work overlaps the device's.
+  // Keeps queue_depth requests in flight; checksums of a write are computed just after its submission, those of a
+  // read just after its completion and the refill of the queue, so the CPU work overlaps the device's.
   void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
     std::lock_guard lock(ring_mutex_);
     std::size_t next = 0, in_flight = 0;
@@ -367,7 +367,6 @@ class nvme_tier {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (sqe == nullptr) break;
         if (writing) {
-          checksum_of(block, s.index) = crc32c(s.buffer, s.length);
           io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
         } else {
           io_uring_prep_read(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
@@ -379,6 +378,10 @@ class nvme_tier {
       }
       if (queued > 0) {
         const int rc = io_uring_submit(&ring_);
+        // The kernel only reads a write's buffer: its checksum is computed while the device works.
+        if (writing)
+          for (std::size_t i = next - queued; i < next; ++i)
+            checksum_of(block, segments[i].index) = crc32c(segments[i].buffer, segments[i].length);
         if (rc < 0 && !failure)
           failure = std::make_exception_ptr(error(error_code::io_error, io_context(writing ? "write" : "read", block,
                                                                                      segments[next - 1]) +
@@ -400,6 +403,7 @@ class nvme_tier {
       const int result = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
+      submit_more();  // refill the queue first; then verify this request while the others run
       if (!failure) {
         try {
           if (result < 0) {
@@ -414,7 +418,6 @@ class nvme_tier {
           failure = std::current_exception();
         }
       }
-      submit_more();
     }
     if (failure) std::rethrow_exception(failure);
   }
