@@ -16,6 +16,7 @@
 #include <chunkwise/tier/detail/posix.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -231,6 +232,24 @@ class nvme_tier {
                                                                              : std::string()));
     }
     const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
+    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
+    // check it first and fail with a message instead.
+    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                                 limit.rlim_cur < file_bytes) {
+      close_store();
+      detail::raise(error_code::io_error,
+                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
+                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
+                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
+    }
+    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
+    if (struct statvfs fs {}; ::fstatvfs(fd_, &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
+      const byte_count free_bytes = byte_count{fs.f_bavail} * fs.f_frsize;
+      close_store();
+      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
+                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
+                                              format_bytes(free_bytes) + " free; shrink the store or free space");
+    }
     int rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(file_bytes));
     int e = rc == 0 ? 0 : errno;
     if (rc != 0 && e == EOPNOTSUPP) {
