@@ -14,6 +14,8 @@
 #include <list>
 #include <map>
 #include <random>
+#include <chrono>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -376,4 +378,23 @@ TEST_CASE("an NVMe-homed cache serves the trace bit-exactly and reports a corrup
     }
   }
   CHECK(failures == 2 * static_cast<std::size_t>(std::count(step.begin(), step.end(), 3u)));
+}
+
+TEST_CASE("write-backs and refills wait for the device work named at release") {
+  // The trainer's "kernel" runs on its own stream, after release returned: the write-back must see its bytes.
+  pinned_rig rig(3, 1);
+  host_stream compute;
+  auto cache = rig.cache({0, 1, 2}, {.blocks = 1, .prefetch_depth = 0});
+  void* block = cache.acquire(0);
+  compute.enqueue([block] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fill_random(block, chunk_bytes, 4242);
+  });
+  using transfer_type = transfer<host_backend>;
+  cache.release(0, /*dirty=*/true, transfer_type::after_event(rig.backend, rig.backend.record(compute)));
+  REQUIRE(matches_random(cache.acquire(1), chunk_bytes, 1));  // evicts chunk 0 (one block): write-back, refill
+  cache.release(1);
+  CHECK(matches_random(rig.homes[0], chunk_bytes, 4242));
+  CHECK(matches_random(cache.acquire(0), chunk_bytes, 4242));
+  cache.release(0);
 }

@@ -34,6 +34,11 @@ template <backend Backend>
 class transfer {
  public:
   transfer() = default;
+  /// Completes with `event` (say, the compute stream's event after the last kernel that used a block), so moves can
+  /// be ordered after work the engine did not issue.
+  static transfer after_event(Backend& backend, typename Backend::event_type event) {
+    return transfer(&backend, std::move(event), 0);
+  }
 
   [[nodiscard]] bool ready() const {
     if (host_) return host_->ready();
