@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "contracts/placement_policy_contract.hpp"
 #include "tier_test_support.hpp"
 
 using namespace chunkwise;
@@ -128,6 +129,11 @@ bool run_trace(Cache& cache, const std::vector<std::uint32_t>& trace) {
 }
 
 }  // namespace
+
+TEST_CASE_TEMPLATE_APPLY(placement_policy_contract,
+                         std::tuple<resident, cached<space::pinned_host>, cached<space::host>, cached<space::nvme>,
+                                    cached<space::nvme, 4>, split<space::pinned_host>, split<space::nvme>,
+                                    split<space::host, 1>>);
 
 TEST_CASE("placement policies give the cost model constexpr byte counts") {
   static_assert(placement_policy<resident>);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "contracts/memory_tier_contract.hpp"
 #include "tier_test_support.hpp"
 
 using namespace chunkwise;
@@ -44,6 +45,38 @@ nvme_options small_store(const std::filesystem::path& dir, nvme_io_path path = n
 }
 
 }  // namespace
+
+namespace chunkwise::test {
+template <class Tier>
+struct host_tier_factory {
+  static std::unique_ptr<Tier> make(byte_count budget) { return std::make_unique<Tier>(budget); }
+  static host_stream& stream(Tier&) {
+    static host_stream shared;
+    return shared;
+  }
+  static void settle(Tier& tier) { stream(tier).synchronize(); }
+};
+template <> struct tier_factory<host_device_tier> : host_tier_factory<host_device_tier> {};
+template <> struct tier_factory<pinned_host_tier> : host_tier_factory<pinned_host_tier> {};
+template <> struct tier_factory<host_tier> : host_tier_factory<host_tier> {};
+template <>
+struct tier_factory<nvme_tier> {
+  static std::unique_ptr<nvme_tier> make(byte_count budget) {
+    static temp_dir dir;  // removed at exit, after every store in it
+    nvme_options options;
+    options.directory = dir.path();
+    options.block_bytes = 64 * KiB;
+    options.capacity = budget;
+    options.io_bytes = 64 * KiB;
+    return std::make_unique<nvme_tier>(options);
+  }
+  static immediate_stream stream(nvme_tier&) { return {}; }
+  static void settle(nvme_tier&) {}
+};
+}  // namespace chunkwise::test
+
+TEST_CASE_TEMPLATE_APPLY(memory_tier_contract,
+                         std::tuple<host_device_tier, pinned_host_tier, host_tier, nvme_tier>);
 
 TEST_CASE("crc32c gives the standard check value on both paths and chains") {
   const char* check = "123456789";
