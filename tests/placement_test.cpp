@@ -270,7 +270,9 @@ TEST_CASE("pinned chunks (split's resident ones) are never evicted") {
   pinned_rig rig(5, 4);
   constexpr std::size_t resident_count = split<space::pinned_host>::resident_chunks(5, 4);
   static_assert(resident_count == 2);
-  auto cache = rig.cache(step, {.blocks = 4, .prefetch_depth = 1, .pinned_chunks = {0, 1}});
+  const auto resident_ids = split<space::pinned_host>::resident_chunk_ids(step, 5, 4);
+  CHECK(resident_ids == std::vector<std::uint32_t>{0, 1});  // the first chunks in profiled order
+  auto cache = rig.cache(step, {.blocks = 4, .prefetch_depth = 1, .pinned_chunks = resident_ids});
   for (int s = 0; s < 3; ++s) REQUIRE(run_trace(cache, step));
   CHECK(cache.is_cached(0));
   CHECK(cache.is_cached(1));
