@@ -14,9 +14,12 @@
 #include <list>
 #include <map>
 #include <random>
+#include <chrono>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include "contracts/placement_policy_contract.hpp"
 #include "tier_test_support.hpp"
 
 using namespace chunkwise;
@@ -126,6 +129,11 @@ bool run_trace(Cache& cache, const std::vector<std::uint32_t>& trace) {
 }
 
 }  // namespace
+
+TEST_CASE_TEMPLATE_APPLY(placement_policy_contract,
+                         std::tuple<resident, cached<space::pinned_host>, cached<space::host>, cached<space::nvme>,
+                                    cached<space::nvme, 4>, split<space::pinned_host>, split<space::nvme>,
+                                    split<space::host, 1>>);
 
 TEST_CASE("placement policies give the cost model constexpr byte counts") {
   static_assert(placement_policy<resident>);
@@ -262,7 +270,9 @@ TEST_CASE("pinned chunks (split's resident ones) are never evicted") {
   pinned_rig rig(5, 4);
   constexpr std::size_t resident_count = split<space::pinned_host>::resident_chunks(5, 4);
   static_assert(resident_count == 2);
-  auto cache = rig.cache(step, {.blocks = 4, .prefetch_depth = 1, .pinned_chunks = {0, 1}});
+  const auto resident_ids = split<space::pinned_host>::resident_chunk_ids(step, 5, 4);
+  CHECK(resident_ids == std::vector<std::uint32_t>{0, 1});  // the first chunks in profiled order
+  auto cache = rig.cache(step, {.blocks = 4, .prefetch_depth = 1, .pinned_chunks = resident_ids});
   for (int s = 0; s < 3; ++s) REQUIRE(run_trace(cache, step));
   CHECK(cache.is_cached(0));
   CHECK(cache.is_cached(1));
@@ -376,4 +386,23 @@ TEST_CASE("an NVMe-homed cache serves the trace bit-exactly and reports a corrup
     }
   }
   CHECK(failures == 2 * static_cast<std::size_t>(std::count(step.begin(), step.end(), 3u)));
+}
+
+TEST_CASE("write-backs and refills wait for the device work named at release") {
+  // The trainer's "kernel" runs on its own stream, after release returned: the write-back must see its bytes.
+  pinned_rig rig(3, 1);
+  host_stream compute;
+  auto cache = rig.cache({0, 1, 2}, {.blocks = 1, .prefetch_depth = 0});
+  void* block = cache.acquire(0);
+  compute.enqueue([block] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fill_random(block, chunk_bytes, 4242);
+  });
+  using transfer_type = transfer<host_backend>;
+  cache.release(0, /*dirty=*/true, transfer_type::after_event(rig.backend, rig.backend.record(compute)));
+  REQUIRE(matches_random(cache.acquire(1), chunk_bytes, 1));  // evicts chunk 0 (one block): write-back, refill
+  cache.release(1);
+  CHECK(matches_random(rig.homes[0], chunk_bytes, 4242));
+  CHECK(matches_random(cache.acquire(0), chunk_bytes, 4242));
+  cache.release(0);
 }

@@ -8,6 +8,7 @@
 //   backend.record(stream) -> event         completes when the work queued on `stream` before it has run
 //   backend.wait_on(stream, event)          later work on `stream` waits for `event` (no host block)
 //   backend.ready(event) / backend.wait(event)   poll / block the calling host thread
+//   backend.bind_thread()                   makes the backend's device current on a worker thread (cudaSetDevice)
 #include <chunkwise/core/bytes.hpp>
 
 #include <concepts>
@@ -25,6 +26,7 @@ concept backend = requires(B& b, typename B::stream_ref stream, const typename B
   { b.ready(event) } -> std::same_as<bool>;
   b.wait(event);
   b.synchronize(stream);
+  b.bind_thread();
   { B::name } -> std::convertible_to<const char*>;
 };
 

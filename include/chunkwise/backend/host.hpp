@@ -68,6 +68,7 @@ class host_backend {
   bool ready(const host_event& event) const noexcept { return event.ready(); }
   void wait(const host_event& event) const { event.wait(); }
   void synchronize(host_stream& stream) { stream.synchronize(); }
+  void bind_thread() noexcept {}  // one "device": nothing to select
 
  private:
   host_stream h2d_;

@@ -85,7 +85,7 @@ class device_cache {
     blocks_.reserve(options_.blocks);
     try {
       for (std::size_t b = 0; b < options_.blocks; ++b)
-        blocks_.push_back(block{device_.allocate_sync(options_.chunk_bytes, 4096)});
+        blocks_.push_back(block{device_.allocate_sync(options_.chunk_bytes, 256)});
     } catch (...) {
       release_blocks();
       throw;
@@ -96,6 +96,7 @@ class device_cache {
   ~device_cache() {
     for (auto& b : blocks_) {
       wait_quietly(b.fetch);
+      wait_quietly(b.used_until);
       wait_quietly(b.free_after);
     }
     release_blocks();
@@ -135,7 +136,11 @@ class device_cache {
   }
 
   /// Ends one acquire of `chunk`; `dirty` when its bytes changed (they are written back on eviction or flush).
-  void release(std::uint32_t chunk, bool dirty = false) {
+  /// `used_until`: completes when the device work that used the block is done (on the CUDA backend, a transfer made
+  /// with transfer::after_event from the compute stream); write-backs and refills of the block are ordered after it.
+  /// On the host backend compute is done when release is called: leave it empty. One compute stream is assumed:
+  /// the latest release's completion covers the earlier ones.
+  void release(std::uint32_t chunk, bool dirty = false, transfer_type used_until = {}) {
     check_chunk(chunk, "release");
     const std::int32_t b = chunk_block_[chunk];
     if (b == no_block || blocks_[static_cast<std::size_t>(b)].acquired == 0)
@@ -144,6 +149,7 @@ class device_cache {
     auto& slot = blocks_[static_cast<std::size_t>(b)];
     --slot.acquired;
     slot.dirty |= dirty;
+    slot.used_until = std::move(used_until);
   }
 
   /// Writes every dirty chunk back to its home and waits; the cached copies stay valid and clean.
@@ -175,7 +181,8 @@ class device_cache {
     std::uint32_t acquired = 0;
     std::uint64_t last_use = 0;
     transfer_type fetch{};       // the fetch that filled this block
-    transfer_type free_after{};  // a write-back still reading this block
+    transfer_type used_until{};  // the device work of the last release
+    transfer_type free_after{};  // a write-back (or unfinished fetch) still touching this block after eviction
   };
 
   static const std::vector<std::uint32_t>& check_order(const std::vector<std::uint32_t>& order, std::size_t chunks) {
@@ -201,7 +208,12 @@ class device_cache {
     }
   }
   void release_blocks() noexcept {
-    for (auto& b : blocks_) device_.deallocate_sync(b.memory, options_.chunk_bytes, 4096);
+    for (auto& b : blocks_) {
+      try {
+        device_.deallocate_sync(b.memory, options_.chunk_bytes, 256);
+      } catch (...) {  // a failing free in teardown (a lost device) leaks the block rather than terminate
+      }
+    }
     blocks_.clear();
   }
 
@@ -255,8 +267,9 @@ class device_cache {
   }
 
   transfer_type write_back(std::uint32_t chunk, block& slot) {
-    // Ordered after the fetch that filled the block (the engine's streams are per direction).
-    transfer_type after[] = {slot.fetch};
+    // Ordered after the fetch that filled the block (the engine's streams are per direction) and the compute that
+    // changed it.
+    transfer_type after[] = {slot.fetch, slot.used_until};
     auto done = engine_.write_back(homes_[chunk], slot.memory, options_.chunk_bytes, after);
     ++stats_.write_backs;
     stats_.bytes_device_to_home += options_.chunk_bytes;
@@ -277,9 +290,10 @@ class device_cache {
 
   void load(std::uint32_t chunk, std::int32_t b) {
     auto& slot = blocks_[static_cast<std::size_t>(b)];
-    transfer_type after[] = {slot.free_after, last_write_back_[chunk]};
+    transfer_type after[] = {slot.free_after, slot.used_until, last_write_back_[chunk]};
     slot.fetch = engine_.fetch(slot.memory, homes_[chunk], options_.chunk_bytes, after);
     slot.free_after = transfer_type{};
+    slot.used_until = transfer_type{};
     slot.chunk = static_cast<std::int32_t>(chunk);
     slot.dirty = false;
     slot.last_use = ++tick_;

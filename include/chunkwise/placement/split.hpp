@@ -5,6 +5,8 @@
 #include <chunkwise/placement/concepts.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 namespace chunkwise {
 
@@ -32,6 +34,27 @@ struct split {
   static constexpr byte_count device_bytes(byte_count chunk_bytes, std::size_t chunks, std::size_t blocks) noexcept {
     return byte_count{std::min(blocks, chunks)} * chunk_bytes;
   }
+  /// Which chunks stay resident: the first resident_chunks(n, b) distinct chunks of the profiled `order` (then the
+  /// lowest ids the order never names). What the device cache takes as cache_options::pinned_chunks.
+  static constexpr std::vector<std::uint32_t> resident_chunk_ids(const std::vector<std::uint32_t>& order,
+                                                                 std::size_t chunks, std::size_t blocks) {
+    const std::size_t wanted = resident_chunks(chunks, blocks);
+    std::vector<unsigned char> taken(chunks, 0);  // not vector<bool>: clang 14 cannot run it constexpr
+    std::vector<std::uint32_t> ids;
+    for (std::size_t p = 0; p < order.size() && ids.size() < wanted; ++p) {
+      if (order[p] < chunks && !taken[order[p]]) {
+        taken[order[p]] = 1;
+        ids.push_back(order[p]);
+      }
+    }
+    for (std::uint32_t c = 0; c < chunks && ids.size() < wanted; ++c) {
+      if (!taken[c]) {
+        taken[c] = 1;
+        ids.push_back(c);
+      }
+    }
+    return ids;
+  }
   static constexpr byte_count host_bytes(byte_count chunk_bytes, std::size_t chunks, std::size_t blocks) noexcept {
     return detail::home_host_bytes<Tier>(chunk_bytes, streamed_chunks(chunks, blocks), StagingBuffers);
   }
@@ -45,5 +68,7 @@ static_assert(split<space::pinned_host>::resident_chunks(10, 6) == 4);
 static_assert(split<space::pinned_host>::host_bytes(8 * MiB, 10, 6) == 48 * MiB);
 static_assert(split<space::pinned_host>::device_bytes(8 * MiB, 10, 6) == 48 * MiB);
 static_assert(split<space::nvme>::nvme_bytes(8 * MiB, 10, 12) == 0);
+static_assert(split<space::host>::resident_chunk_ids({3, 3, 1, 0, 2}, 5, 5).size() == 5);
+static_assert(split<space::host>::resident_chunk_ids({3, 3, 1, 0, 2}, 5, 4)[1] == 1);
 
 }  // namespace chunkwise

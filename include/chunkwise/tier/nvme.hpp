@@ -16,6 +16,7 @@
 #include <chunkwise/tier/detail/posix.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -231,6 +232,24 @@ class nvme_tier {
                                                                              : std::string()));
     }
     const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
+    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
+    // check it first and fail with a message instead.
+    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                                 limit.rlim_cur < file_bytes) {
+      close_store();
+      detail::raise(error_code::io_error,
+                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
+                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
+                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
+    }
+    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
+    if (struct statvfs fs {}; ::fstatvfs(fd_, &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
+      const byte_count free_bytes = byte_count{fs.f_bavail} * fs.f_frsize;
+      close_store();
+      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
+                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
+                                              format_bytes(free_bytes) + " free; shrink the store or free space");
+    }
     int rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(file_bytes));
     int e = rc == 0 ? 0 : errno;
     if (rc != 0 && e == EOPNOTSUPP) {
@@ -354,8 +373,8 @@ class nvme_tier {
   }
 
 #if CHUNKWISE_HAS_URING
-  // Keeps queue_depth requests in flight; checksums of a write are computed just before its submission, those of a
-  // read just after its completion, so the CPU work overlaps the device's.
+  // Keeps queue_depth requests in flight; checksums of a write are computed just after its submission, those of a
+  // read just after its completion and the refill of the queue, so the CPU work overlaps the device's.
   void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
     std::lock_guard lock(ring_mutex_);
     std::size_t next = 0, in_flight = 0;
@@ -367,7 +386,6 @@ class nvme_tier {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (sqe == nullptr) break;
         if (writing) {
-          checksum_of(block, s.index) = crc32c(s.buffer, s.length);
           io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
         } else {
           io_uring_prep_read(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
@@ -379,6 +397,10 @@ class nvme_tier {
       }
       if (queued > 0) {
         const int rc = io_uring_submit(&ring_);
+        // The kernel only reads a write's buffer: its checksum is computed while the device works.
+        if (writing)
+          for (std::size_t i = next - queued; i < next; ++i)
+            checksum_of(block, segments[i].index) = crc32c(segments[i].buffer, segments[i].length);
         if (rc < 0 && !failure)
           failure = std::make_exception_ptr(error(error_code::io_error, io_context(writing ? "write" : "read", block,
                                                                                      segments[next - 1]) +
@@ -400,6 +422,7 @@ class nvme_tier {
       const int result = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
+      submit_more();  // refill the queue first; then verify this request while the others run
       if (!failure) {
         try {
           if (result < 0) {
@@ -414,7 +437,6 @@ class nvme_tier {
           failure = std::current_exception();
         }
       }
-      submit_more();
     }
     if (failure) std::rethrow_exception(failure);
   }

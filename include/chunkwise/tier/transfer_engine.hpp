@@ -34,6 +34,11 @@ template <backend Backend>
 class transfer {
  public:
   transfer() = default;
+  /// Completes with `event` (say, the compute stream's event after the last kernel that used a block), so moves can
+  /// be ordered after work the engine did not issue.
+  static transfer after_event(Backend& backend, typename Backend::event_type event) {
+    return transfer(&backend, std::move(event), 0);
+  }
 
   [[nodiscard]] bool ready() const {
     if (host_) return host_->ready();
@@ -129,8 +134,14 @@ class transfer_engine {
     }
     fetch_mover_.reset();  // joins: no mover touches staging after this
     write_back_mover_.reset();
-    if (staging_tier_ != nullptr)
-      for (void* buffer : all_staging_) staging_tier_->deallocate_sync(buffer, staging_bytes_, 4096);
+    if (staging_tier_ != nullptr) {
+      for (void* buffer : all_staging_) {
+        try {
+          staging_tier_->deallocate_sync(buffer, staging_bytes_, 4096);
+        } catch (...) {  // teardown must not throw: a failing free leaks the buffer
+        }
+      }
+    }
   }
 
   /// Copies `bytes` of `source` (a block of the home tier) into `device_block`, after every transfer in `after`.
@@ -229,6 +240,7 @@ class transfer_engine {
       std::vector<transfer_type> dependencies(after.begin(), after.end());
       dependency_mover_->push([this, to_device, dst, src, bytes, state, dependencies = std::move(dependencies)] {
         try {
+          backend_.bind_thread();
           wait_for_order(dependencies);
           decltype(auto) stream = to_device ? backend_.h2d() : backend_.d2h();
           backend_.copy_async(stream, dst, src, bytes);
@@ -255,6 +267,7 @@ class transfer_engine {
     mover.push([this, state, move, dependencies = std::move(dependencies)] {
       void* staging = nullptr;
       try {
+        backend_.bind_thread();
         wait_for_order(dependencies);
         staging = take_staging();
         move(staging);

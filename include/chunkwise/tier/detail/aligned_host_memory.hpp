@@ -16,6 +16,7 @@
 namespace chunkwise::detail {
 
 inline constexpr std::size_t page_bytes = 4096;
+inline constexpr std::size_t huge_page_bytes = 2 * 1024 * 1024;
 
 /// Checks that an alignment is a power of two; 0 means "the tier's default".
 inline std::size_t checked_alignment(std::size_t alignment, std::size_t minimum, const std::string& tier) {
@@ -35,6 +36,10 @@ class aligned_host_memory {
     alignment = checked_alignment(alignment, min_alignment_, budget_.name());
     budget_.reserve(bytes);
     void* memory = nullptr;
+    // Large blocks on 2 MiB boundaries, marked for transparent huge pages: fewer TLB misses for copies and fewer
+    // pages for O_DIRECT to pin per request.
+    const bool huge = bytes >= huge_page_bytes;
+    if (huge && alignment < huge_page_bytes) alignment = huge_page_bytes;
     // posix_memalign wants a size > 0; round to the alignment so O_DIRECT may use the tail of the buffer.
     const byte_count rounded = round_up(bytes == 0 ? 1 : bytes, alignment);
     if (const int rc = ::posix_memalign(&memory, alignment, rounded); rc != 0) {
@@ -44,6 +49,7 @@ class aligned_host_memory {
                 ") failed: " + std::strerror(rc) + " (the budget allowed it: " + format_bytes(budget_.in_use()) +
                 " in use of " + format_bytes(budget_.capacity()) + ")");
     }
+    if (huge) (void)::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: fine to fail
     if (lock_pages_ && ::mlock(memory, rounded) != 0) {
       const int e = errno;
       std::free(memory);
@@ -58,7 +64,8 @@ class aligned_host_memory {
   void deallocate(void* memory, byte_count bytes, std::size_t alignment) noexcept {
     if (memory == nullptr) return;
     if (lock_pages_) {
-      const std::size_t a = alignment < min_alignment_ ? min_alignment_ : alignment;
+      std::size_t a = alignment < min_alignment_ ? min_alignment_ : alignment;
+      if (bytes >= huge_page_bytes && a < huge_page_bytes) a = huge_page_bytes;
       ::munlock(memory, round_up(bytes == 0 ? 1 : bytes, a));
     }
     std::free(memory);

@@ -1,0 +1,97 @@
+#pragma once
+// The CUDA backend: dedicated non-blocking host-to-device and device-to-host streams, copies with cudaMemcpyAsync,
+// completions as cudaEvent_t (timing disabled). Models the same `backend` concept as the host backend.
+#include <chunkwise/backend/concepts.hpp>
+#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/bytes.hpp>
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+namespace chunkwise {
+
+/// A shared handle to a recorded cudaEvent_t; a default-constructed event is complete.
+class cuda_event {
+ public:
+  cuda_event() = default;
+  explicit cuda_event(cudaEvent_t event)
+      : event_(new cudaEvent_t(event), [](cudaEvent_t* e) {
+          (void)cudaEventDestroy(*e);  // noexcept path: a failed destroy leaks one event
+          delete e;
+        }) {}
+  [[nodiscard]] cudaEvent_t get() const noexcept { return event_ ? *event_ : nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return static_cast<bool>(event_); }
+
+ private:
+  std::shared_ptr<cudaEvent_t> event_;
+};
+
+class cuda_backend {
+ public:
+  using stream_ref = cudaStream_t;
+  using event_type = cuda_event;
+  static constexpr const char* name = "cuda";
+
+  explicit cuda_backend(int device = 0) : device_(device) {
+    const std::string context = "cuda backend on device " + std::to_string(device);
+    CHUNKWISE_CUDA_TRY(cudaSetDevice(device), context);
+    CHUNKWISE_CUDA_TRY(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking), context + " (host-to-device stream)");
+    const cudaError_t status = cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking);
+    if (status != cudaSuccess) {
+      (void)cudaStreamDestroy(h2d_);
+      detail::raise_cuda(status, "cudaStreamCreateWithFlags", __FILE__, __LINE__, context + " (device-to-host stream)");
+    }
+  }
+  cuda_backend(const cuda_backend&) = delete;
+  cuda_backend& operator=(const cuda_backend&) = delete;
+  ~cuda_backend() {
+    (void)cudaStreamSynchronize(h2d_);
+    (void)cudaStreamSynchronize(d2h_);
+    (void)cudaStreamDestroy(h2d_);
+    (void)cudaStreamDestroy(d2h_);
+  }
+
+  [[nodiscard]] cudaStream_t h2d() const noexcept { return h2d_; }
+  [[nodiscard]] cudaStream_t d2h() const noexcept { return d2h_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  void copy_async(cudaStream_t stream, void* dst, const void* src, byte_count bytes) {
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream),
+                       "cuda backend: copy of " + format_bytes(bytes));
+  }
+  cuda_event record(cudaStream_t stream) {
+    cudaEvent_t event = nullptr;
+    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), std::string("cuda backend"));
+    cuda_event owned(event);
+    CHUNKWISE_CUDA_TRY(cudaEventRecord(event, stream), std::string("cuda backend"));
+    return owned;
+  }
+  void wait_on(cudaStream_t stream, const cuda_event& event) {
+    if (event) CHUNKWISE_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0), std::string("cuda backend"));
+  }
+  bool ready(const cuda_event& event) const {
+    if (!event) return true;
+    const cudaError_t status = cudaEventQuery(event.get());
+    if (status == cudaErrorNotReady) return false;
+    if (status != cudaSuccess) detail::raise_cuda(status, "cudaEventQuery", __FILE__, __LINE__, "cuda backend");
+    return true;
+  }
+  void wait(const cuda_event& event) const {
+    if (event) CHUNKWISE_CUDA_TRY(cudaEventSynchronize(event.get()), std::string("cuda backend"));
+  }
+  void bind_thread() { CHUNKWISE_CUDA_TRY(cudaSetDevice(device_), "cuda backend: worker thread on device " + std::to_string(device_)); }
+  void synchronize(cudaStream_t stream) {
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream), std::string("cuda backend"));
+  }
+
+ private:
+  int device_;
+  cudaStream_t h2d_ = nullptr;
+  cudaStream_t d2h_ = nullptr;
+};
+
+static_assert(backend<cuda_backend>);
+
+}  // namespace chunkwise

@@ -1,0 +1,100 @@
+#pragma once
+// The CUDA device tier: stream-ordered cudaMallocFromPoolAsync from this tier's own memory pool, under a byte budget
+// (the pool keeps up to the budget cached: its release threshold), so "does it fit" is answered by the budget with
+// the same message as on the host backend, before the GPU itself runs out.
+#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/tier/concepts.hpp>
+#include <chunkwise/tier/detail/budget.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace chunkwise {
+
+class cuda_device_tier {
+ public:
+  using space = space::device;
+  using handle_type = void*;
+  using stream_ref = cudaStream_t;
+  static constexpr std::size_t max_alignment = 256;  // what cudaMallocAsync guarantees
+
+  explicit cuda_device_tier(byte_count budget, int device = 0) : device_(device), budget_("device (CUDA)", budget) {
+    const std::string context = "CUDA device tier on device " + std::to_string(device);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    CHUNKWISE_CUDA_TRY(cudaMemPoolCreate(&pool_, &props), context);
+    std::uint64_t threshold = budget;
+    const cudaError_t status = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (status != cudaSuccess) {
+      (void)cudaMemPoolDestroy(pool_);
+      detail::raise_cuda(status, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", __FILE__, __LINE__,
+                         context);
+    }
+  }
+  cuda_device_tier(const cuda_device_tier&) = delete;
+  cuda_device_tier& operator=(const cuda_device_tier&) = delete;
+  ~cuda_device_tier() {
+    (void)cudaDeviceSynchronize();  // frees queued on streams have run
+    (void)cudaMemPoolDestroy(pool_);
+  }
+
+  void* allocate(cudaStream_t stream, byte_count bytes, std::size_t alignment = 0) {
+    check_alignment(alignment);
+    budget_.reserve(bytes);
+    void* memory = nullptr;
+    const cudaError_t status = cudaMallocFromPoolAsync(&memory, bytes, pool_, stream);
+    if (status != cudaSuccess) {
+      budget_.release(bytes);
+      detail::raise_cuda(status, "cudaMallocFromPoolAsync", __FILE__, __LINE__,
+                         "CUDA device tier: " + format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) +
+                             " of a " + format_bytes(budget_.capacity()) + " budget in use");
+    }
+    return memory;
+  }
+  /// Stream-ordered: the memory returns to the pool once the work queued on `stream` before it has run.
+  void deallocate(cudaStream_t stream, void* memory, byte_count bytes, std::size_t /*alignment*/ = 0) {
+    if (memory == nullptr) return;
+    CHUNKWISE_CUDA_TRY(cudaFreeAsync(memory, stream), std::string("CUDA device tier: free"));
+    budget_.release(bytes);
+  }
+  void* allocate_sync(byte_count bytes, std::size_t alignment = 0) {
+    void* memory = allocate(cudaStreamPerThread, bytes, alignment);
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: allocate_sync"));
+    return memory;
+  }
+  void deallocate_sync(void* memory, byte_count bytes, std::size_t alignment = 0) {
+    deallocate(cudaStreamPerThread, memory, bytes, alignment);
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: deallocate_sync"));
+  }
+
+  [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
+  [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
+  void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
+  void note_written(byte_count bytes) noexcept { budget_.note_written(bytes); }
+  [[nodiscard]] cudaMemPool_t pool() const noexcept { return pool_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  friend constexpr void get_property(const cuda_device_tier&, device_accessible) noexcept {}
+
+ private:
+  static void check_alignment(std::size_t alignment) {
+    if (alignment > max_alignment || (alignment & (alignment - 1)) != 0)
+      detail::raise(error_code::invalid_argument,
+                    "CUDA device tier: alignment " + std::to_string(alignment) +
+                        " asked; cudaMallocAsync guarantees a power of two up to " + std::to_string(max_alignment));
+  }
+
+  int device_;
+  detail::byte_budget budget_;
+  cudaMemPool_t pool_ = nullptr;
+};
+
+static_assert(memory_tier_with<cuda_device_tier, device_accessible>);
+static_assert(!has_property<cuda_device_tier, host_accessible>);
+
+}  // namespace chunkwise

@@ -1,0 +1,128 @@
+// The CUDA tiers, backend, transfer engine and device cache: compiled and linked by nvcc in every CUDA build, run
+// where a GPU exists (exit 77 otherwise). Mirrors the host-backend tests on real device memory.
+#include "gpu_test_main.hpp"
+
+#include <chunkwise/backend/cuda/backend.cuh>
+#include <chunkwise/placement/device_cache.hpp>
+#include <chunkwise/tier/cuda/device.cuh>
+#include <chunkwise/tier/cuda/pinned_host.cuh>
+#include <chunkwise/tier/nvme.hpp>
+#include <chunkwise/tier/transfer_engine.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace chunkwise;
+
+namespace {
+
+void fill(void* data, byte_count bytes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto* out = static_cast<unsigned char*>(data);
+  for (byte_count i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(rng());
+}
+bool matches(const void* data, byte_count bytes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto* in = static_cast<const unsigned char*>(data);
+  for (byte_count i = 0; i < bytes; ++i)
+    if (in[i] != static_cast<unsigned char>(rng())) return false;
+  return true;
+}
+// Copies a device block to the host and compares it with the stream of `seed`.
+bool device_matches(const void* device_block, byte_count bytes, std::uint64_t seed) {
+  std::vector<unsigned char> host(bytes);
+  if (cudaMemcpy(host.data(), device_block, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  return matches(host.data(), bytes, seed);
+}
+
+using pinned_engine = transfer_engine<cuda_backend, cuda_pinned_host_tier>;
+using nvme_engine = transfer_engine<cuda_backend, nvme_tier, cuda_pinned_host_tier>;
+static_assert(backend<cuda_backend>);
+static_assert(pinned_engine::staged == false && nvme_engine::staged == true);
+
+}  // namespace
+
+TEST_CASE("CUDA tiers round-trip random bytes through device memory bit-exactly") {
+  cuda_backend backend;
+  cuda_device_tier device(64 * MiB);
+  cuda_pinned_host_tier pinned(64 * MiB);
+  pinned_engine engine(backend, pinned);
+  const byte_count bytes = 8 * MiB + 4;
+  void* source = pinned.allocate_sync(bytes);
+  void* back = pinned.allocate_sync(bytes);
+  void* block = device.allocate(backend.h2d(), bytes, 256);
+  fill(source, bytes, 11);
+  auto fetched = engine.fetch(block, source, bytes);
+  fetched.wait();
+  CHECK(device_matches(block, bytes, 11));
+  transfer<cuda_backend> after[] = {fetched};
+  engine.write_back(back, block, bytes, after).wait();
+  CHECK(matches(back, bytes, 11));
+  device.deallocate(backend.h2d(), block, bytes);
+  pinned.deallocate_sync(source, bytes);
+  pinned.deallocate_sync(back, bytes);
+  CHECK(device.stats().peak == bytes);
+  CHECK(device.stats().in_use == 0);
+}
+
+TEST_CASE("the CUDA device tier's budget fails with the bytes asked, in use and the budget") {
+  cuda_device_tier device(16 * MiB);
+  void* first = device.allocate_sync(12 * MiB);
+  std::string message;
+  try {
+    (void)device.allocate_sync(8 * MiB);
+  } catch (const chunkwise::error& e) {
+    CHECK(e.code() == error_code::out_of_memory);
+    message = e.what();
+  }
+  CHECK(message.find(std::to_string(8 * MiB)) != std::string::npos);
+  CHECK(message.find(std::to_string(16 * MiB)) != std::string::npos);
+  device.deallocate_sync(first, 12 * MiB);
+}
+
+TEST_CASE("NVMe -> device through pinned staging, and a device cache over a GPT-2-like trace") {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::filesystem::path dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  const byte_count chunk = 4 * MiB;
+  nvme_options options;
+  options.directory = dir;
+  options.block_bytes = chunk;
+  options.capacity = 5 * chunk;
+  nvme_tier store(options);
+  MESSAGE(store.describe());
+  cuda_backend backend;
+  cuda_device_tier device(3 * chunk);
+  cuda_pinned_host_tier pinned(4 * chunk);
+  transfer_options engine_options;
+  engine_options.staging_bytes = chunk;
+  nvme_engine engine(backend, store, pinned, engine_options);
+  std::vector<nvme_block> homes;
+  void* buffer = pinned.allocate_sync(chunk, 4096);
+  for (std::uint32_t c = 0; c < 5; ++c) {
+    homes.push_back(store.allocate_sync(chunk));
+    fill(buffer, chunk, c);
+    store.write(homes.back(), buffer, chunk);
+  }
+  pinned.deallocate_sync(buffer, chunk);
+  std::vector<std::uint32_t> step{0};
+  for (int l = 0; l < 12; ++l) step.push_back(static_cast<std::uint32_t>(1 + l / 3));
+  step.push_back(0);
+  step.push_back(0);
+  for (int l = 11; l >= 0; --l) step.push_back(static_cast<std::uint32_t>(1 + l / 3));
+  step.push_back(0);
+  device_cache<nvme_engine, cuda_device_tier> cache(engine, device, homes, step,
+                                                    {.blocks = 3, .chunk_bytes = chunk, .prefetch_depth = 2});
+  for (int s = 0; s < 2; ++s) {
+    for (auto c : step) {
+      CHECK(device_matches(cache.acquire(c), chunk, c));
+      cache.release(c);
+    }
+  }
+  CHECK(cache.stats().prefetches > 0);
+  CHECK(cache.stats().bytes_home_to_device == store.stats().bytes_read);
+}
