@@ -51,7 +51,9 @@ static_assert(hybrid<4>::traffic(64_MiB, 64_MiB, 1, 8) ==
 static_assert(hybrid<4>::traffic(64_MiB, 64_MiB, 2, 4) == sharded::traffic(64_MiB, 64_MiB, 2, 4));
 static_assert(hybrid<1>::traffic(64_MiB, 64_MiB, 2, 4).total() == replicated::traffic(64_MiB, 64_MiB, 2, 4).total());
 
-static_assert(std::is_same_v<decltype(sharded::bind(std::declval<thread_comm&>())), chunk_collectives<sharded, thread_comm>>);
+static_assert(collective_strategy_for<replicated, thread_comm> && collective_strategy_for<shard_grads, thread_comm> &&
+              collective_strategy_for<sharded, thread_comm> && collective_strategy_for<hybrid<2>, thread_comm>);
+static_assert(!collective_strategy_for<sharded, int>);
 
 TEST_CASE("every element of a chunk has exactly one owner, whatever the rank count") {
   for (std::size_t elements : {1ul, 31ul, 32ul, 33ul, 1000ul, 4097ul})
