@@ -21,7 +21,8 @@
 //                                            after backward: `owned_grad` holds the reduced gradient of owned(n)
 //   ops.publish_update(home)                 after the optimizer updated ops.owned_params(home): every rank's home
 //                                            holds what the strategy says it holds
-// (chunk_collectives.hpp says what each does per strategy.)
+// (chunk_collectives.hpp says what each does per strategy; collective_strategy_for<S, Comm> checks that S binds to
+// Comm.)
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/bytes.hpp>
