@@ -51,7 +51,9 @@ static_assert(hybrid<4>::traffic(64_MiB, 64_MiB, 1, 8) ==
 static_assert(hybrid<4>::traffic(64_MiB, 64_MiB, 2, 4) == sharded::traffic(64_MiB, 64_MiB, 2, 4));
 static_assert(hybrid<1>::traffic(64_MiB, 64_MiB, 2, 4).total() == replicated::traffic(64_MiB, 64_MiB, 2, 4).total());
 
-static_assert(std::is_same_v<decltype(sharded::bind(std::declval<thread_comm&>())), chunk_collectives<sharded, thread_comm>>);
+static_assert(collective_strategy_for<replicated, thread_comm> && collective_strategy_for<shard_grads, thread_comm> &&
+              collective_strategy_for<sharded, thread_comm> && collective_strategy_for<hybrid<2>, thread_comm>);
+static_assert(!collective_strategy_for<sharded, int>);
 
 TEST_CASE("every element of a chunk has exactly one owner, whatever the rank count") {
   for (std::size_t elements : {1ul, 31ul, 32ul, 33ul, 1000ul, 4097ul})
@@ -79,6 +81,26 @@ TEST_CASE("the cost functions refuse a world that a hybrid group does not divide
 
 namespace {
 
+/// The cost model's bytes equal the run-time buffers: home = parameter bytes per rank, owned range = gradient and
+/// optimizer-state bytes per rank, full buffers = working bytes (where the home does not serve).
+template <class Strategy, class T, class Ops>
+std::string geometry_mismatch(const Ops& ops, std::size_t n, int ranks) {
+  const byte_count chunk = n * sizeof(T);
+  const auto bytes = [](std::size_t elements) { return static_cast<byte_count>(elements * sizeof(T)); };
+  const std::size_t owned = ops.template owned<T>(n).elements;
+  if (bytes(ops.template home_elements<T>(n)) != Strategy::bytes_per_rank(tensor_role::parameter, chunk, 1, ranks))
+    return "parameter bytes";
+  if (bytes(owned) != Strategy::bytes_per_rank(tensor_role::gradient, chunk, 1, ranks)) return "gradient bytes";
+  if (bytes(owned) != Strategy::bytes_per_rank(tensor_role::optimizer_state, chunk, 1, ranks))
+    return "optimizer state bytes";
+  const byte_count working = Strategy::working_bytes(tensor_role::gradient, chunk, ranks);
+  if (working != 0 && bytes(ops.template full_elements<T>(n)) != working) return "gradient working bytes";
+  if (Strategy::shards_parameters &&
+      bytes(ops.template full_elements<T>(n)) != Strategy::working_bytes(tensor_role::parameter, chunk, ranks))
+    return "parameter working bytes";
+  return {};
+}
+
 /// Runs the workload on `ranks` thread ranks and compares each rank's view with the reference.
 template <class Strategy, class T>
 void check_strategy(int ranks, const test_support::workload& w) {
@@ -93,7 +115,11 @@ void check_strategy(int ranks, const test_support::workload& w) {
   test_support::run_ranks(ranks, [&](int rank) {
     auto comm = world.comm(rank);
     const auto run = test_support::run_workload<Strategy, T>(comm, w);
-    mismatches[static_cast<std::size_t>(rank)] = test_support::compare_with_reference(run, reference, exact, tolerance);
+    auto& mismatch = mismatches[static_cast<std::size_t>(rank)];
+    mismatch = test_support::compare_with_reference(run, reference, exact, tolerance);
+    const auto ops = Strategy::bind(comm);
+    for (const std::size_t n : w.chunk_elements)
+      if (mismatch.empty()) mismatch = geometry_mismatch<Strategy, T>(ops, n, ranks);
   });
   for (int rank = 0; rank < ranks; ++rank) {
     CAPTURE(rank);

@@ -4,6 +4,7 @@
 #include "gpu_test_main.hpp"
 
 #include <chunkwise/comm/cuda/nccl_comm.cuh>
+#include <chunkwise/collective.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <unistd.h>
 
 using namespace chunkwise;
+
+static_assert(collective_strategy_for<sharded, nccl_comm> && collective_strategy_for<hybrid<2>, nccl_comm>);
 
 namespace {
 

@@ -15,6 +15,7 @@
 using namespace chunkwise;
 
 static_assert(communicator<mpi_comm>);
+static_assert(collective_strategy_for<sharded, mpi_comm> && collective_strategy_for<hybrid<2>, mpi_comm>);
 
 TEST_CASE_TEMPLATE("mpi_comm collectives equal the rank-order reference bit for bit", T, float, bf16, fp16) {
   mpi_comm comm;

@@ -21,7 +21,10 @@
 //                                            after backward: `owned_grad` holds the reduced gradient of owned(n)
 //   ops.publish_update(home)                 after the optimizer updated ops.owned_params(home): every rank's home
 //                                            holds what the strategy says it holds
-// (chunk_collectives.hpp says what each does per strategy.)
+// (chunk_collectives.hpp says what each does per strategy; collective_strategy_for<S, Comm> checks that S binds to
+// Comm.)
+#include <chunkwise/collective/chunk_collectives.hpp>
+#include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/tensor_spec.hpp>
 
@@ -81,5 +84,11 @@ concept collective_strategy =
                                           detail::smallest_world<S>()),
                         S::traffic(byte_count{1}, byte_count{1}, std::size_t{1}, detail::smallest_world<S>()).total(),
                         true)>::value;
+
+/// A strategy whose run-time operations bind to communicator `Comm`.
+template <class S, class Comm>
+concept collective_strategy_for = collective_strategy<S> && communicator<Comm> && requires(Comm& comm) {
+  { S::bind(comm) } -> std::same_as<chunk_collectives<S, Comm>>;
+};
 
 }  // namespace chunkwise

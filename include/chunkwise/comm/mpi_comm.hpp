@@ -21,6 +21,13 @@
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
 
+// Only the C API: skip the deprecated C++ bindings (warnings, compile time).
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <climits>

@@ -352,24 +352,28 @@ class thread_comm {
       detail::raise(error_code::invalid_argument,
                     "thread_comm: split color " + std::to_string(color) + " is negative; colors are >= 0");
     const detail::op_slot mine{.kind = detail::op_kind::split, .color = color, .key = key};
-    auto result = std::make_shared<thread_comm>(*this);
-    request done = submit(mine, [result, color, rank = rank_](detail::thread_group::view& peers) {
+    // The task keeps only what it produces (never a thread_comm: the worker must not own a reference to itself).
+    struct outcome {
+      std::shared_ptr<detail::thread_group> group;
+      int rank = 0;
+    };
+    auto result = std::make_shared<outcome>();
+    request done = submit(mine, [result, color, rank = rank_, parent = group_.get()](detail::thread_group::view& peers) {
       std::vector<std::pair<int, int>> members;  // (key, rank) of my color
       for (int q = 0; q < peers.size(); ++q)
         if (peers.slot(q).color == color) members.push_back({peers.slot(q).key, q});
       std::sort(members.begin(), members.end());
       const int leader = members.front().second;
       if (rank == leader)
-        peers.created() = std::make_shared<detail::thread_group>(
-            static_cast<int>(members.size()), result->group_->timeout(),
-            result->group_->name() + "/" + std::to_string(color));
+        peers.created() = std::make_shared<detail::thread_group>(static_cast<int>(members.size()), parent->timeout(),
+                                                                 parent->name() + "/" + std::to_string(color));
       peers.sync();  // the leader's group is published
-      result->group_ = peers.created(leader);
+      result->group = peers.created(leader);
       for (std::size_t i = 0; i < members.size(); ++i)
-        if (members[i].second == rank) result->rank_ = static_cast<int>(i);
+        if (members[i].second == rank) result->rank = static_cast<int>(i);
     });
     done.wait();
-    return std::move(*result);
+    return thread_comm(std::move(result->group), result->rank, worker_);
   }
 
  private:
