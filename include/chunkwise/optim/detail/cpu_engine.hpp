@@ -19,7 +19,8 @@ namespace chunkwise::optim {
 
 /// How the CPU optimizers run. `tile_elements` is the unit of work handed to a thread: 32 Ki elements are 128 KiB
 /// per fp32 array, so the 4-5 streams of a tile stay within a core's L2 while it is processed. A multiple of 16,
-/// so tiles start where the 16-lane sums start; results never depend on it or on `threads`.
+/// so tiles start where the 16-lane sums start. Updates never depend on it, on `threads` or on `isa`; the gradient
+/// sum of squares (summed per tile, then tile after tile) depends on it alone.
 struct cpu_options {
   unsigned threads = 1;
   cpu_isa isa = cpu_isa::best;
