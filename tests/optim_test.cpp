@@ -180,7 +180,7 @@ TEST_CASE("fp32 Adam and AdamW match a double-precision reference within 1e-6 re
       CAPTURE(to_string(isa));
       owned_chunk chunk(10007, 7);
       reference_adam ref(chunk);
-      cpu_adam adam(config, {.threads = 2, .isa = isa, .tile_elements = 1024});
+      cpu_adam adam(config, {.threads = 2, .isa = isa, .tile_elements = 1024, .pool = nullptr});
       for (std::uint64_t t = 1; t <= 4; ++t) {
         chunk.randomize_grads(static_cast<std::uint32_t>(100 + t));
         adam.step(chunk.view(), {schedule[t - 1], t, 1.0f});
@@ -476,6 +476,19 @@ TEST_CASE("optimizer state survives a save and load round trip, and damaged file
   std::filesystem::remove(path);
   CHECK_THROWS_WITH_AS(load_state(path, c.view(), optimizer_kind::sgd_momentum), doctest::Contains("cannot open"),
                        error);
+}
+
+TEST_CASE("optimizers can share the caller's thread pool") {
+  thread_pool pool(2);
+  cpu_adam adam(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
+  cpu_sgd sgd({}, {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
+  CHECK(adam.threads() == 2);
+  owned_chunk a(10000, 83), b(10000, 83);
+  adam.step(a.view(), {1e-3f, 1, 1.0f});
+  cpu_adam alone(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = nullptr});
+  alone.step(b.view(), {1e-3f, 1, 1.0f});
+  CHECK(a.same_memory(b));
+  sgd.step(a.view(), {1e-3f, 1, 1.0f});
 }
 
 TEST_CASE("the thread pool runs every task exactly once, for any task count") {
