@@ -304,23 +304,21 @@ class cuda_adam {
     CHUNKWISE_OPTIM_CUDA_TRY(cudaGetDevice(&device), "cuda_adam constructor");
     CHUNKWISE_OPTIM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                              "cuda_adam constructor");
-    blocks_ = sms * 4;
-    allocate(reinterpret_cast<void**>(&table_), max_chunks * sizeof(detail::cuda_kernels::device_chunk), false);
-    allocate(reinterpret_cast<void**>(&partials_), static_cast<std::size_t>(blocks_) * sizeof(double), false);
-    allocate(reinterpret_cast<void**>(&state_), sizeof(detail::cuda_kernels::device_state), false);
-    allocate(reinterpret_cast<void**>(&host_table_), max_chunks * sizeof(detail::cuda_kernels::device_chunk), true);
-    allocate(reinterpret_cast<void**>(&host_state_), sizeof(detail::cuda_kernels::device_state), true);
+    blocks_ = sms * 4;  // 1024 resident threads per SM, each with four 16-byte loads in flight
+    try {
+      allocate(reinterpret_cast<void**>(&table_), max_chunks * sizeof(detail::cuda_kernels::device_chunk), false);
+      allocate(reinterpret_cast<void**>(&partials_), static_cast<std::size_t>(blocks_) * sizeof(double), false);
+      allocate(reinterpret_cast<void**>(&state_), sizeof(detail::cuda_kernels::device_state), false);
+      allocate(reinterpret_cast<void**>(&host_table_), max_chunks * sizeof(detail::cuda_kernels::device_chunk), true);
+      allocate(reinterpret_cast<void**>(&host_state_), sizeof(detail::cuda_kernels::device_state), true);
+    } catch (...) {
+      release();
+      throw;
+    }
   }
   cuda_adam(const cuda_adam&) = delete;
   cuda_adam& operator=(const cuda_adam&) = delete;
-  ~cuda_adam() {
-    cudaFree(table_);
-    cudaFree(partials_);
-    cudaFree(state_);
-    cudaFree(lr_schedule_);
-    cudaFreeHost(host_table_);
-    cudaFreeHost(host_state_);
-  }
+  ~cuda_adam() { release(); }
 
   [[nodiscard]] const adam_config& config() const noexcept { return config_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
@@ -410,6 +408,15 @@ class cuda_adam {
   [[nodiscard]] const float* device_loss_scale() const noexcept { return &state_->loss_scale; }
 
  private:
+  void release() noexcept {  // null pointers are fine for both calls
+    cudaFree(table_);
+    cudaFree(partials_);
+    cudaFree(state_);
+    cudaFree(lr_schedule_);
+    cudaFreeHost(host_table_);
+    cudaFreeHost(host_state_);
+  }
+
   void allocate(void** where, std::size_t bytes, bool pinned) {
     const cudaError_t status = pinned ? cudaMallocHost(where, bytes) : cudaMalloc(where, bytes);
     if (status != cudaSuccess)
