@@ -2,8 +2,9 @@
 // device-driven mixed-precision step, captured in a CUDA graph, against mixed_precision_step on the CPU.
 #include "gpu_test_main.hpp"
 
-#include <chunkwise/optim.hpp>
+#include <chunkwise/optim/cpu_adam.hpp>  // only what the test needs: nvcc compiles it slowly
 #include <chunkwise/optim/cuda/adam.cuh>
+#include <chunkwise/optim/mixed_precision.hpp>
 
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
