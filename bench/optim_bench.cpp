@@ -142,9 +142,14 @@ std::vector<std::int64_t> list_from_env(const char* name, std::vector<std::int64
 void sizes_and_threads(benchmark::internal::Benchmark* b) {
   static const auto sizes = list_from_env("CHUNKWISE_BENCH_PARAMS", {1 << 20, 1 << 24, 1 << 28});
   static const auto threads = list_from_env("CHUNKWISE_BENCH_THREADS", {1, 2});
+  // CHUNKWISE_BENCH_ITERATIONS=k: exactly k steps per repetition (with --benchmark_repetitions, the best
+  // repetition is the best-of statistic the compare script uses for every contender).
+  static const auto iterations = list_from_env("CHUNKWISE_BENCH_ITERATIONS", {0});
   for (const std::int64_t n : sizes)
     for (const std::int64_t t : threads) b->Args({n, t});
-  b->ArgNames({"params", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+  b->ArgNames({"params", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  if (iterations.front() > 0) b->Iterations(iterations.front());
+  else b->MinTime(0.3);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 using namespace chunkwise;
@@ -179,7 +180,7 @@ TEST_CASE("fp32 Adam and AdamW match a double-precision reference within 1e-6 re
       CAPTURE(to_string(isa));
       owned_chunk chunk(10007, 7);
       reference_adam ref(chunk);
-      cpu_adam adam(config, {.threads = 2, .isa = isa, .tile_elements = 1024});
+      cpu_adam adam(config, {.threads = 2, .isa = isa, .tile_elements = 1024, .pool = nullptr});
       for (std::uint64_t t = 1; t <= 4; ++t) {
         chunk.randomize_grads(static_cast<std::uint32_t>(100 + t));
         adam.step(chunk.view(), {schedule[t - 1], t, 1.0f});
@@ -477,6 +478,19 @@ TEST_CASE("optimizer state survives a save and load round trip, and damaged file
                        error);
 }
 
+TEST_CASE("optimizers can share the caller's thread pool") {
+  thread_pool pool(2);
+  cpu_adam adam(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
+  cpu_sgd sgd({}, {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
+  CHECK(adam.threads() == 2);
+  owned_chunk a(10000, 83), b(10000, 83);
+  adam.step(a.view(), {1e-3f, 1, 1.0f});
+  cpu_adam alone(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = nullptr});
+  alone.step(b.view(), {1e-3f, 1, 1.0f});
+  CHECK(a.same_memory(b));
+  sgd.step(a.view(), {1e-3f, 1, 1.0f});
+}
+
 TEST_CASE("the thread pool runs every task exactly once, for any task count") {
   thread_pool pool(3);
   CHECK(pool.size() == 3);
@@ -485,4 +499,30 @@ TEST_CASE("the thread pool runs every task exactly once, for any task count") {
     pool.parallel_for(tasks, [&](std::size_t i) noexcept { ++hits[i]; });
     CHECK(std::count(hits.begin(), hits.end(), 1) == static_cast<std::ptrdiff_t>(tasks));
   }
+}
+
+// The chunk_optimizer contract, for every CPU optimizer.
+TEST_CASE_TEMPLATE("a chunk_optimizer steps several chunks in one call exactly as one chunk at a time", Optimizer,
+                   cpu_adam, cpu_sgd) {
+  using config_type = typename Optimizer::config_type;
+  config_type config{};
+  if constexpr (std::is_same_v<config_type, sgd_config>) config.momentum = 0.9f;
+  Optimizer together(config, {.threads = 2, .isa = cpu_isa::best, .tile_elements = 256});
+  Optimizer apart(config, {.threads = 1, .isa = cpu_isa::best, .tile_elements = 256});
+  owned_chunk a1(1000, 73), b1(37, 79), a2(1000, 73), b2(37, 79);
+  const chunk_state both[] = {a1.view(), b1.view()};
+  for (std::uint64_t t = 1; t <= 2; ++t) {
+    together.step(both, {1e-2f, t, 1.0f});
+    apart.step(a2.view(), {1e-2f, t, 1.0f});
+    apart.step(b2.view(), {1e-2f, t, 1.0f});
+  }
+  CHECK(a1.same_memory(a2));
+  CHECK(b1.same_memory(b2));
+  const chunk_state view_a = a2.view(), view_b = b2.view();
+  const double sum = together.grad_sum_of_squares(both);
+  // Chunks are summed one after another: the total is the in-order sum of the per-chunk sums (for the same tile
+  // size, which fixes how each chunk's sum is grouped).
+  CHECK(sum == apart.grad_sum_of_squares(std::span(&view_a, 1)) + apart.grad_sum_of_squares(std::span(&view_b, 1)));
+  CHECK_THROWS_AS(together.step(both, {1e-2f, 0, 1.0f}), error);
+  CHECK(Optimizer::state_arrays >= 1);
 }

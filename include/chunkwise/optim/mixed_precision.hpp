@@ -25,7 +25,8 @@ struct precision_options {
 
 struct step_report {
   bool skipped = false;    // gradients were not finite: no memory was changed
-  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients before clipping (inf/NaN when skipped)
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients before clipping (inf/NaN when skipped;
+                           // 0 when neither clipping nor loss scaling asked for it)
   float clip_coefficient = 1.0f;
   float loss_scale = 1.0f;  // the scale these gradients carried
   std::uint64_t step = 0;   // optimizer steps taken so far (a skipped step does not count)

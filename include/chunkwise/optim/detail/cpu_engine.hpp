@@ -11,6 +11,7 @@
 #include <chunkwise/optim/thread_pool.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,11 +20,15 @@ namespace chunkwise::optim {
 
 /// How the CPU optimizers run. `tile_elements` is the unit of work handed to a thread: 32 Ki elements are 128 KiB
 /// per fp32 array, so the 4-5 streams of a tile stay within a core's L2 while it is processed. A multiple of 16,
-/// so tiles start where the 16-lane sums start; results never depend on it or on `threads`.
+/// so tiles start where the 16-lane sums start. Updates never depend on it, on `threads` or on `isa`; the gradient
+/// sum of squares (summed per tile, then tile after tile) depends on it alone.
+/// `pool`: threads the caller already has (shared with other work; one parallel_for at a time); when set,
+/// `threads` is ignored and the optimizer starts none of its own.
 struct cpu_options {
   unsigned threads = 1;
   cpu_isa isa = cpu_isa::best;
   std::size_t tile_elements = std::size_t{1} << 15;
+  thread_pool* pool = nullptr;
 };
 
 namespace detail {
@@ -66,20 +71,23 @@ void visit_types(const chunk_state& chunk, F&& f) noexcept {
 class cpu_engine {
  public:
   explicit cpu_engine(const cpu_options& options)
-      : pool_(options.threads), isa_(resolve(options.isa)), tile_(options.tile_elements) {
+      : own_pool_(options.pool != nullptr ? nullptr : std::make_unique<thread_pool>(options.threads)),
+        pool_(options.pool != nullptr ? options.pool : own_pool_.get()),
+        isa_(resolve(options.isa)),
+        tile_(options.tile_elements) {
     if (tile_ == 0 || tile_ % sum_lanes != 0)
       throw error(error_code::invalid_argument, "cpu optimizer: tile_elements must be a positive multiple of 16, got " +
                                                     std::to_string(tile_));
   }
 
   [[nodiscard]] cpu_isa isa() const noexcept { return isa_; }
-  [[nodiscard]] unsigned threads() const noexcept { return pool_.size(); }
+  [[nodiscard]] unsigned threads() const noexcept { return pool_->size(); }
 
   /// Runs kernel(chunk, begin, end) over every tile of every chunk, on all threads.
   template <class Kernel>
   void for_each_tile(std::span<const chunk_state> chunks, Kernel&& kernel) {
     split(chunks);
-    pool_.parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
+    pool_->parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
       const tile& piece = tiles_[t];
       kernel(chunks[piece.chunk], piece.begin, piece.end);
     });
@@ -88,7 +96,7 @@ class cpu_engine {
   double sum_of_squares(std::span<const chunk_state> chunks) {
     split(chunks);
     partials_.assign(tiles_.size(), 0.0);
-    pool_.parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
+    pool_->parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
       const tile& piece = tiles_[t];
       visit_types(chunks[piece.chunk], [&](const auto* grad, auto*) noexcept {
         partials_[t] = run_sum_of_squares(grad, piece.begin, piece.end);
@@ -120,7 +128,8 @@ class cpu_engine {
     return sum_of_squares_scalar(grad, begin, end);
   }
 
-  thread_pool pool_;
+  std::unique_ptr<thread_pool> own_pool_;
+  thread_pool* pool_;
   cpu_isa isa_;
   std::size_t tile_;
   std::vector<tile> tiles_;
