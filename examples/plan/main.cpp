@@ -5,10 +5,13 @@
 //   chunkwise-plan --model gpt2-1558m --gpus 4 --gpu-mem 24GiB --host-mem 128GiB --pcie 16GB/s --nvme 3GB/s
 #include <chunkwise/chunkwise.hpp>
 #include <chunkwise/plan.hpp>
+#include <chunkwise/profile/measure.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -26,6 +29,10 @@ struct options {
   std::string save_profile_file;
   std::string machine_file;
   std::string save_machine_file;
+  bool measure = false;
+  bool gpu_memory_given = false;
+  std::string measure_cache;
+  std::string nvme_directory = std::filesystem::temp_directory_path().string();
   machine_description machine;
   byte_count alignment = 256;
   std::optional<dtype> type;
@@ -51,6 +58,8 @@ constexpr std::string_view usage =
     "  --collective RATE   bus bandwidth of collectives (default 80% of --pcie)\n"
     "  --gpu-flops RATE    achieved FLOP/s per GPU, e.g. 100e12\n"
     "  --machine FILE      a machine profile JSON instead (chunkwise.machine_profile format)\n"
+    "  --measure           measure this machine for the host backend (about 10 s; cached by fingerprint in\n"
+    "                      --measure-cache DIR, default ~/.cache/chunkwise); --nvme-dir DIR for the NVMe test\n"
     "  --save-machine FILE write the machine profile as JSON\n"
     "  --alignment BYTES   tensor alignment inside a chunk for the layout table (default 256)\n"
     "  --json              print JSON (params, layouts, chosen, plans) instead of tables\n";
@@ -110,6 +119,7 @@ options parse_options(int argc, char** argv) {
       opts.machine.gpus = static_cast<std::uint32_t>(ranks);
     } else if (flag == "--gpu-mem") {
       opts.machine.gpu_memory = parse_bytes(value());
+      opts.gpu_memory_given = true;
     } else if (flag == "--host-mem") {
       opts.machine.host_memory = parse_bytes(value());
     } else if (flag == "--pcie") {
@@ -124,6 +134,12 @@ options parse_options(int argc, char** argv) {
       opts.machine.gpu_flops_per_second = parse_rate(flag, value());
     } else if (flag == "--machine") {
       opts.machine_file = value();
+    } else if (flag == "--measure") {
+      opts.measure = true;
+    } else if (flag == "--measure-cache") {
+      opts.measure_cache = value();
+    } else if (flag == "--nvme-dir") {
+      opts.nvme_directory = value();
     } else if (flag == "--save-machine") {
       opts.save_machine_file = value();
     } else if (flag == "--micro-batch") {
@@ -158,6 +174,16 @@ model_profile load_model(const options& opts) {
 
 machine_profile load_machine(const options& opts) {
   if (!opts.machine_file.empty()) return load_machine_profile(opts.machine_file);
+  if (opts.measure) {
+    std::filesystem::path cache = opts.measure_cache;
+    if (cache.empty()) {
+      const char* home = std::getenv("HOME");
+      cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
+    }
+    return measure_or_load<host_backend>(cache, {.nvme_directory = opts.nvme_directory,
+                                                 .device_memory = opts.gpu_memory_given ? opts.machine.gpu_memory : 0,
+                                                 .ranks = opts.machine.gpus});
+  }
   machine_profile machine = describe_machine(opts.machine);
   machine.name = std::to_string(opts.machine.gpus) + "x " + format_bytes(opts.machine.gpu_memory) + " GPU, " +
                  format_bytes(opts.machine.host_memory) + " host";

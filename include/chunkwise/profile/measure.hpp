@@ -1,0 +1,288 @@
+#pragma once
+// measure<Backend>(): the machine profile from microbenchmarks on this machine, each announced by a progress line,
+// about 10 s in all by default; measure_or_load() keeps the result in a JSON cache keyed by a machine fingerprint.
+//
+// Host backend (the "device" is a host-memory budget, ranks are threads):
+//   capacities      MemAvailable (/proc/meminfo), free space of the NVMe store's file system (statvfs)
+//   host<->device   memcpy bandwidth of chunk-sized buffers: what the host backend's copy worker does
+//   NVMe            sequential write then read of a store through the NVMe tier (io_uring or the thread pool)
+//   collectives     thread_comm all-gather, reduce-scatter, all-reduce bus bandwidth at 1 to 64 MiB, 2 ranks
+//   optimizer       the SIMD CPU AdamW over 16 M fp32 parameters, every core
+//   compute         a cache-blocked fp32 GEMM (512^3), every core
+// This header sits above the tiers, the communicators and the optimizers it drives; nothing in profile/ includes it.
+#include <chunkwise/backend/host.hpp>
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/core/atomic_file.hpp>
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/optim/cpu_adam.hpp>
+#include <chunkwise/profile/machine_json.hpp>
+#include <chunkwise/profile/machine_profile.hpp>
+#include <chunkwise/tier/nvme.hpp>
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace chunkwise {
+
+struct measure_options {
+  std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // "" = no NVMe store
+  byte_count nvme_test_bytes = 256 * MiB;
+  byte_count device_memory = 0;  // host backend: the device budget per rank; 0 = half of the available memory / ranks
+  std::uint32_t ranks = 1;
+  unsigned threads = 0;          // 0 = every core
+  std::function<void(const std::string&)> progress = [](const std::string& line) {
+    std::fprintf(stderr, "measure: %s\n", line.c_str());
+  };
+};
+
+namespace detail {
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Runs `body` until at least `min_seconds` passed (and at least once); returns seconds per call, the best of
+/// three batches (noise on a shared machine only ever adds time).
+template <class F>
+double time_per_call(F&& body, double min_seconds = 0.15) {
+  double best = 1e300;
+  for (int batch = 0; batch < 3; ++batch) {
+    int calls = 0;
+    const auto start = std::chrono::steady_clock::now();
+    do {
+      body();
+      ++calls;
+    } while (seconds_since(start) < min_seconds / 3);
+    best = std::min(best, seconds_since(start) / calls);
+  }
+  return best;
+}
+
+/// "2.95 GB/s" (decimal units, as bandwidths are quoted).
+inline std::string format_rate(double per_second, const char* unit = "B/s") {
+  const char* prefixes[] = {"", "K", "M", "G", "T", "P"};
+  int p = 0;
+  while (per_second >= 1000.0 && p < 5) {
+    per_second /= 1000.0;
+    ++p;
+  }
+  char text[40];
+  std::snprintf(text, sizeof text, "%.2f %s%s", per_second, prefixes[p], unit);
+  return text;
+}
+
+inline byte_count meminfo_bytes(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (in >> name >> kib >> unit)
+    if (name == std::string(key) + ":") return kib * KiB;
+  return 0;
+}
+
+/// A stable name for this machine: CPU model, core count, total memory.
+inline std::string machine_fingerprint() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown-cpu";
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a of the description
+  const std::string description = model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" +
+                                  std::to_string(meminfo_bytes("MemTotal") / GiB);
+  for (const char c : description) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  char text[24];
+  std::snprintf(text, sizeof text, "host-%016llx", static_cast<unsigned long long>(hash));
+  return text;
+}
+
+/// C += A * B for n x n row-major fp32 matrices, blocked for the cache and split by rows over `threads`.
+inline void blocked_gemm(const float* a, const float* b, float* c, std::size_t n, unsigned threads) {
+  constexpr std::size_t block = 64;
+  const auto rows = [&](std::size_t row_begin, std::size_t row_end) {
+    for (std::size_t kk = 0; kk < n; kk += block)
+      for (std::size_t jj = 0; jj < n; jj += block)
+        for (std::size_t i = row_begin; i < row_end; ++i)
+          for (std::size_t k = kk, k_end = std::min(kk + block, n); k < k_end; ++k) {
+            const float aik = a[i * n + k];
+            float* __restrict crow = c + i * n;
+            const float* __restrict brow = b + k * n;
+            const std::size_t j_end = std::min(jj + block, n);
+            for (std::size_t j = jj; j < j_end; ++j) crow[j] += aik * brow[j];
+          }
+  };
+  std::vector<std::thread> workers;
+  const std::size_t per = div_ceil(n, threads);
+  for (unsigned t = 1; t < threads; ++t)
+    workers.emplace_back(rows, std::min(n, t * per), std::min(n, (t + 1) * per));
+  rows(0, std::min(n, per));
+  for (auto& w : workers) w.join();
+}
+
+}  // namespace detail
+
+template <class Backend>
+machine_profile measure(const measure_options& options = {});
+
+/// The host backend's machine profile.
+template <>
+inline machine_profile measure<host_backend>(const measure_options& options) {
+  using clock = std::chrono::steady_clock;
+  const auto total_start = clock::now();
+  const unsigned threads = options.threads != 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  machine_profile m;
+  m.kind = device_kind::host;
+  m.fingerprint = detail::machine_fingerprint();
+  m.devices = options.ranks;
+  m.name = "host backend, " + std::to_string(threads) + " cores";
+
+  // Capacities.
+  const byte_count available = detail::meminfo_bytes("MemAvailable");
+  m.host_memory = available / 2;
+  m.device_memory = options.device_memory != 0 ? options.device_memory : available / 4 / options.ranks;
+  options.progress("memory: " + format_bytes(available) + " available; device budget " + format_bytes(m.device_memory) +
+                   " per rank, host budget " + format_bytes(m.host_memory));
+
+  // Host <-> "device": memcpy of 64 MiB, the host backend's copy engine.
+  {
+    std::vector<char> src(64 * MiB, 1), dst(64 * MiB, 0);
+    const double s = detail::time_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); });
+    m.host_to_device_bytes_per_second = m.device_to_host_bytes_per_second = static_cast<double>(src.size()) / s;
+    options.progress("host<->device copy: " + detail::format_rate(m.host_to_device_bytes_per_second));
+  }
+
+  // NVMe through the NVMe tier.
+  if (!options.nvme_directory.empty()) {
+    struct statvfs fs {};
+    if (::statvfs(options.nvme_directory.c_str(), &fs) != 0)
+      detail::raise_io("statvfs", options.nvme_directory, errno);
+    m.nvme_capacity = static_cast<byte_count>(fs.f_bavail) * fs.f_frsize;
+    const byte_count block = 16 * MiB;
+    const std::size_t blocks = static_cast<std::size_t>(std::max<byte_count>(1, options.nvme_test_bytes / block));
+    nvme_tier store({.directory = options.nvme_directory, .capacity = blocks * block, .block_bytes = block});
+    auto buffer = static_cast<char*>(std::aligned_alloc(nvme_tier::io_alignment, block));
+    if (buffer == nullptr) detail::raise(error_code::out_of_memory, "measure: no memory for an NVMe test buffer");
+    std::memset(buffer, 7, block);
+    std::vector<nvme_block> handles;
+    for (std::size_t i = 0; i < blocks; ++i) handles.push_back(store.allocate_sync(block));
+    auto start = clock::now();
+    for (const auto h : handles) store.write(h, buffer, block);
+    const double write_s = detail::seconds_since(start);
+    start = clock::now();
+    for (const auto h : handles) store.read(h, buffer, block);
+    const double read_s = detail::seconds_since(start);
+    for (const auto h : handles) store.deallocate_sync(h);
+    std::free(buffer);
+    m.nvme_write_bytes_per_second = static_cast<double>(blocks * block) / write_s;
+    m.nvme_read_bytes_per_second = static_cast<double>(blocks * block) / read_s;
+    options.progress("NVMe (" + store.describe() + "): read " + detail::format_rate(m.nvme_read_bytes_per_second) +
+                     ", write " + detail::format_rate(m.nvme_write_bytes_per_second));
+  }
+
+  // Collectives: 2 thread ranks, bus bandwidth as nccl-tests define it.
+  {
+    thread_world world(2);
+    for (const byte_count bytes : {1 * MiB, 8 * MiB, 64 * MiB}) {
+      const std::size_t n = bytes / sizeof(float);
+      std::vector<std::vector<float>> in(2, std::vector<float>(n, 1.0f)), out(2, std::vector<float>(2 * n, 0.0f));
+      const auto run = [&](auto&& op) {
+        std::vector<std::thread> ranks;
+        for (int r = 0; r < 2; ++r)
+          ranks.emplace_back([&, r] {
+            auto comm = world.comm(r);
+            op(comm, r).wait();
+          });
+        for (auto& t : ranks) t.join();
+      };
+      const double ag = detail::time_per_call([&] {
+        run([&](thread_comm& c, int r) { return c.all_gather(std::span<const float>(in[r]), std::span<float>(out[r])); });
+      }, 0.1);
+      const double rs = detail::time_per_call([&] {
+        run([&](thread_comm& c, int r) {
+          return c.reduce_scatter(std::span<const float>(out[r]), std::span<float>(in[r]), reduce_op::sum);
+        });
+      }, 0.1);
+      const double ar = detail::time_per_call([&] {
+        run([&](thread_comm& c, int r) {
+          return c.all_reduce(std::span<const float>(in[r]), std::span<float>(out[r]).first(n), reduce_op::sum);
+        });
+      }, 0.1);
+      // busbw: gather/scatter algbw (total bytes / time) x (n-1)/n; all-reduce algbw x 2(n-1)/n, n = 2.
+      const double total = 2.0 * static_cast<double>(bytes);
+      m.all_gather.add(bytes, total / ag * 0.5);
+      m.reduce_scatter.add(bytes, total / rs * 0.5);
+      m.all_reduce.add(bytes, static_cast<double>(bytes) / ar);
+    }
+    m.collective_latency_seconds = 20e-6;
+    options.progress("collectives (2 thread ranks, 64 MiB): all-gather " + detail::format_rate(m.all_gather.at(64 * MiB)) +
+                     ", reduce-scatter " + detail::format_rate(m.reduce_scatter.at(64 * MiB)) + ", all-reduce " +
+                     detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth");
+  }
+
+  // CPU AdamW over 16 M fp32 parameters.
+  {
+    const std::size_t n = 16u << 20;
+    std::vector<float> master(n, 0.5f), grad(n, 0.01f), m1(n, 0.0f), m2(n, 0.0f);
+    optim::cpu_adam adam(optim::adamw_config(), {.threads = threads});
+    const optim::chunk_state chunk{master.data(), grad.data(), dtype::fp32, m1.data(), m2.data(), nullptr, dtype::fp32, n};
+    std::uint64_t step = 0;
+    const double s = detail::time_per_call([&] { adam.step(chunk, {.lr = 1e-4f, .step = ++step}); }, 0.3);
+    m.host_optimizer_params_per_second = static_cast<double>(n) / s;
+    m.device_optimizer_params_per_second = m.host_optimizer_params_per_second;  // the host backend's device is the CPU
+    options.progress("CPU AdamW: " + detail::format_rate(m.host_optimizer_params_per_second, " params/s") + " on " +
+                     std::to_string(threads) + " threads");
+  }
+
+  // Compute: blocked fp32 GEMM.
+  {
+    const std::size_t n = 512;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+    const double s = detail::time_per_call([&] { detail::blocked_gemm(a.data(), b.data(), c.data(), n, threads); }, 0.3);
+    m.device_flops_per_second = 2.0 * static_cast<double>(n * n * n) / s;
+    options.progress("GEMM 512^3 fp32: " + detail::format_rate(m.device_flops_per_second, "FLOP/s"));
+  }
+  char done[48];
+  std::snprintf(done, sizeof done, "done in %.1f s", detail::seconds_since(total_start));
+  options.progress(done);
+  validate(m);
+  return m;
+}
+
+/// The cached profile for this machine (`cache_directory`/machine-<fingerprint>.json) if there is one, else a fresh
+/// measurement, saved there atomically.
+template <class Backend>
+machine_profile measure_or_load(const std::filesystem::path& cache_directory, const measure_options& options = {}) {
+  const auto file = cache_directory / ("machine-" + detail::machine_fingerprint() + ".json");
+  if (std::filesystem::exists(file)) {
+    auto cached = load_machine_profile(file);
+    // The cache holds the machine; how it is used (ranks, the device budget) is this run's.
+    const byte_count per_rank_total = cached.device_memory * cached.devices;
+    cached.devices = options.ranks;
+    cached.device_memory = options.device_memory != 0 ? options.device_memory : per_rank_total / options.ranks;
+    options.progress("using the measured profile " + file.string());
+    return cached;
+  }
+  auto measured = measure<Backend>(options);
+  std::filesystem::create_directories(cache_directory);
+  save_machine_profile(measured, file);
+  options.progress("saved " + file.string());
+  return measured;
+}
+
+}  // namespace chunkwise

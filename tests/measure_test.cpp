@@ -1,0 +1,49 @@
+#include <chunkwise/profile/measure.hpp>
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+using namespace chunkwise;
+
+TEST_CASE("measuring the host gives a valid profile that the cache returns unchanged") {
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_measure_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> lines;
+  measure_options options{.nvme_directory = dir, .nvme_test_bytes = 32 * MiB, .ranks = 2};
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+
+  const auto measured = measure_or_load<host_backend>(dir / "cache", options);
+  CHECK_NOTHROW(validate(measured));
+  CHECK(measured.kind == device_kind::host);
+  CHECK(measured.devices == 2);
+  CHECK(measured.fingerprint.view().rfind("host-", 0) == 0);
+  CHECK(measured.host_to_device_bytes_per_second > 1e8);
+  CHECK(measured.nvme_read_bytes_per_second > 1e6);
+  CHECK(measured.nvme_capacity > 0);
+  CHECK(measured.all_gather.count == 3);
+  CHECK(measured.all_reduce.points[2].message_bytes == 64 * MiB);
+  CHECK(measured.host_optimizer_params_per_second > 1e6);
+  CHECK(measured.device_flops_per_second > 1e8);
+  // One progress line per measurement, and the total.
+  REQUIRE(lines.size() >= 7);
+  CHECK(lines.front().find("memory:") == 0);
+  CHECK(lines[2].find("NVMe (") == 0);
+
+  lines.clear();
+  options.ranks = 1;
+  const auto cached = measure_or_load<host_backend>(dir / "cache", options);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("using the measured profile") == 0);
+  CHECK(cached.devices == 1);
+  CHECK(cached.device_memory == measured.device_memory * 2);  // the same machine, split over one rank
+  CHECK(cached.all_gather.at(8 * MiB) == measured.all_gather.at(8 * MiB));
+  CHECK(cached.fingerprint == measured.fingerprint);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an NVMe directory that does not exist fails before anything is measured there") {
+  measure_options options{.nvme_directory = "/nonexistent/chunkwise", .nvme_test_bytes = 16 * MiB};
+  options.progress = [](const std::string&) {};
+  CHECK_THROWS_WITH_AS(measure<host_backend>(options), doctest::Contains("/nonexistent/chunkwise"), error);
+}
