@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -135,6 +136,53 @@ inline void blocked_gemm(const float* a, const float* b, float* c, std::size_t n
   for (auto& w : workers) w.join();
 }
 
+/// NVMe capacity and sequential bandwidth through the NVMe tier: write then read `nvme_test_bytes` in 16 MiB blocks.
+inline void measure_nvme(const measure_options& options, machine_profile& m) {
+  using clock = std::chrono::steady_clock;
+  if (!options.nvme_directory.empty()) {
+    struct statvfs fs {};
+    if (::statvfs(options.nvme_directory.c_str(), &fs) != 0)
+      raise_io("statvfs", options.nvme_directory, errno);
+    m.nvme_capacity = static_cast<byte_count>(fs.f_bavail) * fs.f_frsize;
+    const byte_count block = 16 * MiB;
+    const std::size_t blocks = static_cast<std::size_t>(std::max<byte_count>(1, options.nvme_test_bytes / block));
+    nvme_tier store({.directory = options.nvme_directory, .capacity = blocks * block, .block_bytes = block});
+    const std::unique_ptr<char, decltype(&std::free)> memory(
+        static_cast<char*>(std::aligned_alloc(nvme_tier::io_alignment, block)), &std::free);
+    if (memory == nullptr) raise(error_code::out_of_memory, "measure: no memory for an NVMe test buffer");
+    char* const buffer = memory.get();
+    std::memset(buffer, 7, block);
+    std::vector<nvme_block> handles;
+    for (std::size_t i = 0; i < blocks; ++i) handles.push_back(store.allocate_sync(block));
+    auto start = clock::now();
+    for (const auto h : handles) store.write(h, buffer, block);
+    const double write_s = seconds_since(start);
+    start = clock::now();
+    for (const auto h : handles) store.read(h, buffer, block);
+    const double read_s = seconds_since(start);
+    for (const auto h : handles) store.deallocate_sync(h);
+    m.nvme_write_bytes_per_second = static_cast<double>(blocks * block) / write_s;
+    m.nvme_read_bytes_per_second = static_cast<double>(blocks * block) / read_s;
+    options.progress("NVMe (" + store.describe() + "): read " + format_rate(m.nvme_read_bytes_per_second) +
+                     ", write " + format_rate(m.nvme_write_bytes_per_second));
+  }
+}
+
+/// The SIMD CPU AdamW over 16 M fp32 parameters on `threads` threads, in parameters per second.
+inline double measure_cpu_adam(const measure_options& options, unsigned threads) {
+  {
+    const std::size_t n = 16u << 20;
+    std::vector<float> master(n, 0.5f), grad(n, 0.01f), m1(n, 0.0f), m2(n, 0.0f);
+    optim::cpu_adam adam(optim::adamw_config(), {.threads = threads});
+    const optim::chunk_state chunk{master.data(), grad.data(), dtype::fp32, m1.data(), m2.data(), nullptr, dtype::fp32, n};
+    std::uint64_t step = 0;
+    const double s = time_per_call([&] { adam.step(chunk, {.lr = 1e-4f, .step = ++step}); }, 0.3);
+    const double rate = static_cast<double>(n) / s;
+    options.progress("CPU AdamW: " + format_rate(rate, " params/s") + " on " + std::to_string(threads) + " threads");
+    return rate;
+  }
+}
+
 }  // namespace detail
 
 template <class Backend>
@@ -167,33 +215,7 @@ inline machine_profile measure<host_backend>(const measure_options& options) {
     options.progress("host<->device copy: " + detail::format_rate(m.host_to_device_bytes_per_second));
   }
 
-  // NVMe through the NVMe tier.
-  if (!options.nvme_directory.empty()) {
-    struct statvfs fs {};
-    if (::statvfs(options.nvme_directory.c_str(), &fs) != 0)
-      detail::raise_io("statvfs", options.nvme_directory, errno);
-    m.nvme_capacity = static_cast<byte_count>(fs.f_bavail) * fs.f_frsize;
-    const byte_count block = 16 * MiB;
-    const std::size_t blocks = static_cast<std::size_t>(std::max<byte_count>(1, options.nvme_test_bytes / block));
-    nvme_tier store({.directory = options.nvme_directory, .capacity = blocks * block, .block_bytes = block});
-    auto buffer = static_cast<char*>(std::aligned_alloc(nvme_tier::io_alignment, block));
-    if (buffer == nullptr) detail::raise(error_code::out_of_memory, "measure: no memory for an NVMe test buffer");
-    std::memset(buffer, 7, block);
-    std::vector<nvme_block> handles;
-    for (std::size_t i = 0; i < blocks; ++i) handles.push_back(store.allocate_sync(block));
-    auto start = clock::now();
-    for (const auto h : handles) store.write(h, buffer, block);
-    const double write_s = detail::seconds_since(start);
-    start = clock::now();
-    for (const auto h : handles) store.read(h, buffer, block);
-    const double read_s = detail::seconds_since(start);
-    for (const auto h : handles) store.deallocate_sync(h);
-    std::free(buffer);
-    m.nvme_write_bytes_per_second = static_cast<double>(blocks * block) / write_s;
-    m.nvme_read_bytes_per_second = static_cast<double>(blocks * block) / read_s;
-    options.progress("NVMe (" + store.describe() + "): read " + detail::format_rate(m.nvme_read_bytes_per_second) +
-                     ", write " + detail::format_rate(m.nvme_write_bytes_per_second));
-  }
+  detail::measure_nvme(options, m);
 
   // Collectives: 2 thread ranks, bus bandwidth as nccl-tests define it.
   {
@@ -235,19 +257,8 @@ inline machine_profile measure<host_backend>(const measure_options& options) {
                      detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth");
   }
 
-  // CPU AdamW over 16 M fp32 parameters.
-  {
-    const std::size_t n = 16u << 20;
-    std::vector<float> master(n, 0.5f), grad(n, 0.01f), m1(n, 0.0f), m2(n, 0.0f);
-    optim::cpu_adam adam(optim::adamw_config(), {.threads = threads});
-    const optim::chunk_state chunk{master.data(), grad.data(), dtype::fp32, m1.data(), m2.data(), nullptr, dtype::fp32, n};
-    std::uint64_t step = 0;
-    const double s = detail::time_per_call([&] { adam.step(chunk, {.lr = 1e-4f, .step = ++step}); }, 0.3);
-    m.host_optimizer_params_per_second = static_cast<double>(n) / s;
-    m.device_optimizer_params_per_second = m.host_optimizer_params_per_second;  // the host backend's device is the CPU
-    options.progress("CPU AdamW: " + detail::format_rate(m.host_optimizer_params_per_second, " params/s") + " on " +
-                     std::to_string(threads) + " threads");
-  }
+  m.host_optimizer_params_per_second = detail::measure_cpu_adam(options, threads);
+  m.device_optimizer_params_per_second = m.host_optimizer_params_per_second;  // the host backend's device is the CPU
 
   // Compute: blocked fp32 GEMM.
   {
