@@ -15,8 +15,9 @@
 // then every rank copies the other segments from their owners. Every element is therefore summed by exactly one
 // rank, in rank order: the result is the same bits on every rank and for every order of arrival.
 //
-// A rank that never arrives makes every waiting peer throw error_code::comm_error after the timeout, naming the
-// missing rank; from then on the group is failed and every operation on it throws at once, naming the first failure.
+// A rank that never arrives makes every waiting peer throw error_code::comm_error after the timeout (counted from the
+// peer's own arrival at the operation), naming the missing rank; from then on the group is failed and every operation
+// on it throws at once, naming the first failure. Once all ranks have arrived, an operation runs to its end.
 // Ranks that call different operations at the same point (kind, dtype, element count, reduce op or root differ)
 // also fail the group, with a message that shows both calls.
 #include <chunkwise/comm/concepts.hpp>
@@ -144,7 +145,7 @@ class thread_group {
     [[nodiscard]] std::shared_ptr<thread_group>& created() { return group_.created_[rank_]; }
     [[nodiscard]] const std::shared_ptr<thread_group>& created(int rank) const { return group_.created_[rank]; }
     /// One more rendezvous inside the operation (all_reduce between its two halves).
-    void sync() { group_.arrive_and_wait(rank_, nullptr, number_); }
+    void sync() { group_.arrive_and_wait(rank_, nullptr, number_, false); }
 
    private:
     friend class thread_group;
@@ -156,18 +157,20 @@ class thread_group {
 
   /// Runs one operation on the worker of `rank`: publish, wait for all, check that all called the same operation,
   /// `body(view)`, wait for all once more so that nobody reads this rank's buffers after it returns.
+  /// Only the first rendezvous times out: past it every rank is inside the operation, doing bounded local work
+  /// (copies, reductions) on its peers' buffers, and leaving early would free buffers a peer still reads.
   template <class Body>
   void run(int rank, const op_slot& mine, Body&& body) {
     const std::uint64_t number = ++operations_[rank];  // only this rank's worker touches its counter
-    arrive_and_wait(rank, &mine, number);
+    arrive_and_wait(rank, &mine, number, true);
     check_same_call(number);
     view v(*this, rank, number);
     body(v);
-    arrive_and_wait(rank, nullptr, number);
+    arrive_and_wait(rank, nullptr, number, false);
   }
 
  private:
-  void arrive_and_wait(int rank, const op_slot* publish, std::uint64_t number) {
+  void arrive_and_wait(int rank, const op_slot* publish, std::uint64_t number, bool may_time_out) {
     std::unique_lock lock(mutex_);
     const char* what = to_string(slots_[rank].kind);
     if (publish != nullptr) {
@@ -186,6 +189,10 @@ class thread_group {
       for (int q = 0; q < ranks_; ++q)
         if (arrived_[q] < phase) missing.push_back(q);
       if (missing.empty()) return;
+      if (!may_time_out) {
+        ready_.wait(lock);
+        continue;
+      }
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && failure_.empty()) {
         missing.clear();
         for (int q = 0; q < ranks_; ++q)
@@ -204,6 +211,8 @@ class thread_group {
   }
 
   void check_same_call(std::uint64_t number) {
+    // Under the lock: after a mismatch a peer may already be publishing its next operation.
+    std::unique_lock lock(mutex_);
     const op_slot& first = slots_[0];
     for (int q = 1; q < ranks_; ++q) {
       const op_slot& other = slots_[q];
@@ -214,11 +223,8 @@ class thread_group {
       if (same) continue;
       std::string message = "operation #" + std::to_string(number) + " differs between ranks: rank 0 called " +
                             describe(first) + ", rank " + std::to_string(q) + " called " + describe(other);
-      {
-        std::lock_guard lock(mutex_);
-        if (failure_.empty()) failure_ = message;
-        ready_.notify_all();
-      }
+      if (failure_.empty()) failure_ = message;
+      ready_.notify_all();
       throw error(error_code::comm_error, "thread_comm '" + name_ + "': " + message);
     }
   }
