@@ -196,6 +196,8 @@ TEST_CASE("the NVMe store round-trips random blocks bit-exactly on io_uring and 
     CHECK(message_of([&] { store.read(blocks[3], buffer, bytes); }).find("illegal_state") == 0);
     for (auto block : blocks) store.deallocate_sync(block);
     CHECK(store.stats().in_use == 0);
+    CHECK(message_of([&] { store.deallocate_sync(blocks[0]); }).find("not allocated") != std::string::npos);
+    CHECK(message_of([&] { store.read(blocks[0], buffer, bytes); }).find("illegal_state") == 0);
     pinned.deallocate_sync(buffer, buffer_bytes, 4096);
     CHECK(std::filesystem::exists(store.file()));
   }

@@ -76,6 +76,13 @@ class nvme_tier {
         slots_(slot_count(options_, slot_bytes_)),
         segments_per_slot_(static_cast<std::uint32_t>(div_ceil(slot_bytes_, options_.io_bytes))),
         budget_("NVMe", byte_count{slots_} * slot_bytes_) {
+    check_room();  // before any allocation sized by the capacity: a store that cannot exist fails here
+    // Bookkeeping before the file: nothing may fail after the file exists without removing it.
+    checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
+    written_bytes_.assign(slots_, 0);
+    allocated_.assign(slots_, 0);
+    free_slots_.reserve(slots_);
+    for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
     open_store();
     try {
       start_io();
@@ -83,10 +90,6 @@ class nvme_tier {
       close_store();
       throw;
     }
-    checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
-    written_bytes_.assign(slots_, 0);
-    free_slots_.reserve(slots_);
-    for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
   }
   nvme_tier(const nvme_tier&) = delete;
   nvme_tier& operator=(const nvme_tier&) = delete;
@@ -115,11 +118,13 @@ class nvme_tier {
     const std::uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     written_bytes_[slot] = 0;
+    allocated_[slot] = 1;
     return nvme_block{slot};
   }
   void deallocate_sync(nvme_block block, byte_count /*bytes*/ = 0, std::size_t /*alignment*/ = 0) {
     check_block(block, "deallocate");
     std::lock_guard lock(slots_mutex_);
+    allocated_[block.slot] = 0;
     free_slots_.push_back(block.slot);
     budget_.release(slot_bytes_);
   }
@@ -201,7 +206,8 @@ class nvme_tier {
     return static_cast<std::uint32_t>(slots);
   }
 
-  void open_store() {
+  // The directory exists, and the file fits the file size limit and the free space.
+  void check_room() const {
     const auto& dir = options_.directory;
     std::error_code ec;
     const auto status = std::filesystem::status(dir, ec);
@@ -213,6 +219,28 @@ class nvme_tier {
     if (!std::filesystem::is_directory(status))
       detail::raise(error_code::io_error, "NVMe tier: store path '" + dir.string() + "' is not a directory");
 
+    const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
+    const std::string context = "NVMe tier: store in '" + dir.string() + "'";
+    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
+    // check it first and fail with a message instead.
+    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                                 limit.rlim_cur < file_bytes) {
+      detail::raise(error_code::io_error,
+                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
+                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
+                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
+    }
+    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
+    if (struct statvfs fs {}; ::statvfs(dir.c_str(), &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
+      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
+                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
+                                              format_bytes(byte_count{fs.f_bavail} * fs.f_frsize) +
+                                              " free; shrink the store or free space");
+    }
+  }
+
+  void open_store() {
+    const auto& dir = options_.directory;
     static std::atomic<unsigned> store_counter{0};
     file_ = dir / ("chunkwise-store-" + std::to_string(::getpid()) + "-" + std::to_string(store_counter++) + ".bin");
     const std::string context = "NVMe tier: store file '" + file_.string() + "'";
@@ -232,24 +260,6 @@ class nvme_tier {
                                                                              : std::string()));
     }
     const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
-    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
-    // check it first and fail with a message instead.
-    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-                                 limit.rlim_cur < file_bytes) {
-      close_store();
-      detail::raise(error_code::io_error,
-                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
-                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
-                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
-    }
-    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
-    if (struct statvfs fs {}; ::fstatvfs(fd_, &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
-      const byte_count free_bytes = byte_count{fs.f_bavail} * fs.f_frsize;
-      close_store();
-      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
-                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
-                                              format_bytes(free_bytes) + " free; shrink the store or free space");
-    }
     int rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(file_bytes));
     int e = rc == 0 ? 0 : errno;
     if (rc != 0 && e == EOPNOTSUPP) {
@@ -309,6 +319,9 @@ class nvme_tier {
       detail::raise(error_code::invalid_argument, std::string("NVMe tier: ") + what + " of block " +
                                               std::to_string(block.slot) + "; the store has " +
                                               std::to_string(slots_) + " blocks");
+    if (allocated_[block.slot] == 0)
+      detail::raise(error_code::illegal_state, std::string("NVMe tier: ") + what + " of block " +
+                                                   std::to_string(block.slot) + ", which is not allocated");
   }
   void check_io(nvme_block block, const void* buffer, byte_count bytes, const char* what) const {
     check_block(block, what);
@@ -503,6 +516,7 @@ class nvme_tier {
   std::vector<std::uint32_t> free_slots_;
   std::vector<std::uint32_t> checksums_;
   std::vector<byte_count> written_bytes_;
+  std::vector<unsigned char> allocated_;  // per slot; read by I/O threads for their own slots only
 };
 
 static_assert(memory_tier_with<nvme_tier, file_backed>);
