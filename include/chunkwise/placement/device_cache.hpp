@@ -108,6 +108,7 @@ class device_cache {
   }
   device_cache(const device_cache&) = delete;
   device_cache& operator=(const device_cache&) = delete;
+  /// Waits for the moves in flight and frees the blocks. Dirty chunks are not written back: call flush() first.
   ~device_cache() {
     for (auto& b : blocks_) {
       wait_quietly(b.fetch);
