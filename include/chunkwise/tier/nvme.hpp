@@ -96,7 +96,7 @@ class nvme_tier {
   ~nvme_tier() {
     pool_.reset();
 #if CHUNKWISE_HAS_URING
-    if (ring_ready_) io_uring_queue_exit(&ring_);
+    for (auto& ring : rings_) io_uring_queue_exit(ring.get());
 #endif
     close_store();
   }
@@ -294,9 +294,11 @@ class nvme_tier {
     active_path_ = nvme_io_path::threads;
 #if CHUNKWISE_HAS_URING
     if (options_.path != nvme_io_path::threads) {
-      const int rc = io_uring_queue_init(options_.queue_depth, &ring_, 0);
+      auto ring = std::make_unique<io_uring>();
+      const int rc = io_uring_queue_init(options_.queue_depth, ring.get(), 0);
       if (rc == 0) {
-        ring_ready_ = true;
+        rings_.push_back(std::move(ring));
+        idle_rings_.push_back(rings_.back().get());
         active_path_ = nvme_io_path::io_uring;
         return;
       }
@@ -389,14 +391,15 @@ class nvme_tier {
   // Keeps queue_depth requests in flight; checksums of a write are computed just after its submission, those of a
   // read just after its completion and the refill of the queue, so the CPU work overlaps the device's.
   void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
-    std::lock_guard lock(ring_mutex_);
+    ring_lease lease(*this);
+    io_uring* const ring = lease.ring;
     std::size_t next = 0, in_flight = 0;
     std::exception_ptr failure;
     auto submit_more = [&] {
       unsigned queued = 0;
       while (!failure && next < segments.size() && in_flight < options_.queue_depth) {
         const segment& s = segments[next];
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         if (writing) {
           io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
@@ -409,7 +412,7 @@ class nvme_tier {
         ++queued;
       }
       if (queued > 0) {
-        const int rc = io_uring_submit(&ring_);
+        const int rc = io_uring_submit(ring);
         // The kernel only reads a write's buffer: its checksum is computed while the device works.
         if (writing)
           for (std::size_t i = next - queued; i < next; ++i)
@@ -424,16 +427,17 @@ class nvme_tier {
     submit_more();
     while (in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
-      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      const int rc = io_uring_wait_cqe(ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) {
-        // The ring is broken: nothing more completes. Report; in-flight buffers are the caller's, kept alive by it.
+        // The ring is broken: nothing more completes. Retire it and report.
+        lease.broken = true;
         std::rethrow_exception(std::make_exception_ptr(
             error(error_code::io_error, std::string("NVMe tier: io_uring_wait_cqe failed: ") + std::strerror(-rc))));
       }
       const auto& s = segments[static_cast<std::size_t>(io_uring_cqe_get_data64(cqe))];
       const int result = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
+      io_uring_cqe_seen(ring, cqe);
       --in_flight;
       submit_more();  // refill the queue first; then verify this request while the others run
       if (!failure) {
@@ -508,9 +512,52 @@ class nvme_tier {
   std::string fallback_reason_;
   std::unique_ptr<detail::task_queue> pool_;
 #if CHUNKWISE_HAS_URING
-  io_uring ring_{};
-  bool ring_ready_ = false;
-  std::mutex ring_mutex_;
+  // Rings: one per thread doing I/O at a time (a fetch and a write-back run side by side), created on demand up to
+  // max_rings; a thread beyond that waits for one.
+  static constexpr std::size_t max_rings = 4;
+  std::mutex rings_mutex_;
+  std::condition_variable ring_idle_;
+  std::vector<std::unique_ptr<io_uring>> rings_;
+  std::vector<io_uring*> idle_rings_;
+
+  struct ring_lease {
+    nvme_tier& store;
+    io_uring* ring = nullptr;
+    bool broken = false;
+    explicit ring_lease(nvme_tier& owner) : store(owner) {
+      std::unique_lock lock(store.rings_mutex_);
+      if (store.idle_rings_.empty() && store.rings_.size() < max_rings) {
+        auto fresh = std::make_unique<io_uring>();
+        const int rc = io_uring_queue_init(store.options_.queue_depth, fresh.get(), 0);
+        if (rc == 0) {
+          store.rings_.push_back(std::move(fresh));
+          ring = store.rings_.back().get();
+          return;
+        }
+        if (store.rings_.empty())  // every earlier ring broke and no new one starts: nothing to wait for
+          detail::raise(error_code::io_error,
+                        std::string("NVMe tier: io_uring_queue_init failed: ") + std::strerror(-rc));
+      }
+      store.ring_idle_.wait(lock, [this] { return !store.idle_rings_.empty(); });
+      ring = store.idle_rings_.back();
+      store.idle_rings_.pop_back();
+    }
+    ring_lease(const ring_lease&) = delete;
+    ring_lease& operator=(const ring_lease&) = delete;
+    ~ring_lease() {
+      if (broken) {  // never handed out again; a fresh ring may take its place
+        std::lock_guard lock(store.rings_mutex_);
+        io_uring_queue_exit(ring);
+        std::erase_if(store.rings_, [this](const std::unique_ptr<io_uring>& r) { return r.get() == ring; });
+        return;
+      }
+      {
+        std::lock_guard lock(store.rings_mutex_);
+        store.idle_rings_.push_back(ring);
+      }
+      store.ring_idle_.notify_one();
+    }
+  };
 #endif
   std::mutex slots_mutex_;
   std::vector<std::uint32_t> free_slots_;
