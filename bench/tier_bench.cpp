@@ -10,6 +10,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -173,6 +174,62 @@ void BM_nvme_read(benchmark::State& state) { nvme_sequential(state, true, nvme_i
 void BM_nvme_write_threads(benchmark::State& state) { nvme_sequential(state, false, nvme_io_path::threads); }
 void BM_nvme_read_threads(benchmark::State& state) { nvme_sequential(state, true, nvme_io_path::threads); }
 
+// Reads overlapped with compute: a device cache (3 blocks, prefetch 2) over chunks homed on NVMe, with `compute_ms`
+// of arithmetic per access on the calling thread. Without overlap a step takes compute + I/O; with it, about the
+// larger of the two. Counters: the step's compute and stall (acquire waiting for a fetch), per step.
+void BM_nvme_cache_overlap(benchmark::State& state) {
+  const byte_count chunk = 16 * MiB;
+  const auto compute = std::chrono::microseconds(state.range(0) * 1000);
+  try {
+    nvme_options options;
+    options.directory = bench_dir();
+    options.block_bytes = chunk;
+    options.capacity = 6 * chunk;
+    nvme_tier store(options);
+    host_backend backend;
+    pinned_host_tier pinned(4 * chunk);
+    host_device_tier device(3 * chunk);
+    transfer_options engine_options;
+    engine_options.staging_bytes = chunk;
+    using engine_type = transfer_engine<host_backend, nvme_tier, pinned_host_tier>;
+    engine_type engine(backend, store, pinned, engine_options);
+    std::vector<nvme_block> homes;
+    void* buffer = pinned.allocate_sync(chunk, 4096);
+    for (int c = 0; c < 6; ++c) {
+      homes.push_back(store.allocate_sync(chunk));
+      std::memset(buffer, c, chunk);
+      store.write(homes.back(), buffer, chunk);
+    }
+    pinned.deallocate_sync(buffer, chunk, 4096);
+    const std::vector<std::uint32_t> step{0, 1, 2, 3, 4, 5};  // a forward pass: every access a fetch
+    device_cache<engine_type, host_device_tier> cache(engine, device, homes, step,
+                                                      {.blocks = 3, .chunk_bytes = chunk, .prefetch_depth = 2});
+    double sink = 0;
+    std::chrono::nanoseconds computing{0};
+    for (auto _ : state) {
+      for (auto c : step) {
+        const auto* data = static_cast<const unsigned char*>(cache.acquire(c));
+        const auto start = std::chrono::steady_clock::now();
+        double acc = data[0];
+        while (std::chrono::steady_clock::now() - start < compute)
+          for (int i = 0; i < 1000; ++i) acc = acc * 0.999 + 1e-9 * i;
+        computing += std::chrono::steady_clock::now() - start;
+        sink += acc;
+        cache.release(c);
+      }
+    }
+    benchmark::DoNotOptimize(sink);
+    const auto& stats = cache.stats();
+    state.SetBytesProcessed(static_cast<std::int64_t>(stats.bytes_home_to_device));
+    state.counters["compute_ms/step"] =
+        benchmark::Counter(static_cast<double>(computing.count()) / 1e6, benchmark::Counter::kAvgIterations);
+    state.counters["stall_ms/step"] =
+        benchmark::Counter(static_cast<double>(stats.stall_time.count()) / 1e6, benchmark::Counter::kAvgIterations);
+  } catch (const chunkwise::error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void BM_crc32c(benchmark::State& state) {
   std::vector<unsigned char> data(static_cast<std::size_t>(state.range(0)), 0xA5);
   std::uint32_t crc = 0;
@@ -191,6 +248,7 @@ BENCHMARK(BM_nvme_write)->Args({1024, 4})->Args({1024, 1})->Args({256, 8})->UseR
 BENCHMARK(BM_nvme_read)->Args({1024, 4})->Args({1024, 1})->Args({256, 8})->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_nvme_write_threads)->Args({1024, 4})->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_nvme_read_threads)->Args({1024, 4})->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_nvme_cache_overlap)->Arg(0)->Arg(10)->Arg(20)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_crc32c)->Arg(1 << 20);
 
 // bench/compare/nvme.sh sets CHUNKWISE_BENCH_IO_KIB and CHUNKWISE_BENCH_QUEUE_DEPTH to the block size and queue depth

@@ -218,6 +218,8 @@ TEST_CASE("prefetch along the profiled order turns misses into hits without extr
   MESSAGE("demand: " << demand.stats().misses << " misses; prefetch 2: " << ahead.stats().misses << " misses, "
                      << ahead.stats().prefetches << " prefetches, stalled "
                      << ahead.stats().stall_time.count() / 1000 << " us");
+  MESSAGE(ahead.stats().summary());
+  CHECK(ahead.stats().summary().find("pinned_host->device") != std::string::npos);
   CHECK(ahead.stats().prefetches > 0);
   CHECK(ahead.stats().misses < demand.stats().misses);
   CHECK(ahead.stats().fetches() == demand.stats().fetches());  // Belady-consistent prefetch fetches nothing extra

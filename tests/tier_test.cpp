@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "contracts/memory_tier_contract.hpp"
@@ -196,10 +197,48 @@ TEST_CASE("the NVMe store round-trips random blocks bit-exactly on io_uring and 
     CHECK(message_of([&] { store.read(blocks[3], buffer, bytes); }).find("illegal_state") == 0);
     for (auto block : blocks) store.deallocate_sync(block);
     CHECK(store.stats().in_use == 0);
+    CHECK(message_of([&] { store.deallocate_sync(blocks[0]); }).find("not allocated") != std::string::npos);
+    CHECK(message_of([&] { store.read(blocks[0], buffer, bytes); }).find("illegal_state") == 0);
     pinned.deallocate_sync(buffer, buffer_bytes, 4096);
     CHECK(std::filesystem::exists(store.file()));
   }
   CHECK(std::filesystem::is_empty(dir.path()));  // stores remove their files
+}
+
+TEST_CASE("one NVMe store serves reads and writes from several threads at once") {
+  temp_dir dir;
+  for (auto path : {nvme_io_path::automatic, nvme_io_path::threads}) {
+    auto options = small_store(dir.path(), path);
+    options.capacity = 8 * (256 * KiB + 4096);
+    nvme_tier store(options);
+    pinned_host_tier pinned(8 * MiB);
+    const byte_count bytes = store.block_bytes();
+    const byte_count padded = round_up(bytes, nvme_tier::io_alignment);
+    std::vector<nvme_block> blocks;
+    for (int b = 0; b < 8; ++b) blocks.push_back(store.allocate_sync(bytes));
+    std::vector<std::thread> workers;
+    std::vector<int> good(4, 0);
+    for (int t = 0; t < 4; ++t) {
+      workers.emplace_back([&, t] {
+        void* buffer = pinned.allocate_sync(padded, 4096);
+        for (int round = 0; round < 5; ++round) {  // each thread owns blocks t and t + 4
+          for (int b : {t, t + 4}) {
+            const std::uint64_t seed = 1000u * static_cast<std::uint64_t>(round) + static_cast<std::uint64_t>(b);
+            fill_random(buffer, bytes, seed);
+            store.write(blocks[b], buffer, bytes);
+            std::memset(buffer, 0, padded);
+            store.read(blocks[b], buffer, bytes);
+            good[t] += matches_random(buffer, bytes, seed) ? 1 : 0;
+          }
+        }
+        pinned.deallocate_sync(buffer, padded, 4096);
+      });
+    }
+    for (auto& worker : workers) worker.join();
+    for (int t = 0; t < 4; ++t) CHECK(good[t] == 10);
+    CHECK(store.stats().bytes_written == 40 * bytes);
+    for (auto block : blocks) store.deallocate_sync(block);
+  }
 }
 
 TEST_CASE("a corrupted NVMe block is reported by its checksum, never returned as data") {

@@ -15,6 +15,7 @@
 #include <chunkwise/tier/concepts.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -48,7 +49,20 @@ struct cache_stats {
   byte_count bytes_home_to_device = 0;
   byte_count bytes_device_to_home = 0;
   std::chrono::nanoseconds stall_time{0};  // time acquire waited for a fetch
+  std::string_view home_space{};           // the tier the bytes moved from and to ("nvme", "pinned_host", ...)
   [[nodiscard]] std::uint64_t fetches() const noexcept { return misses + prefetches; }
+
+  /// One line for logs and `explain`: "42 accesses: 30 hits, 12 misses, 10 prefetches, ... nvme->device 1.00 GiB".
+  [[nodiscard]] std::string summary() const {
+    char stalled[32];
+    std::snprintf(stalled, sizeof stalled, "%.3f ms", static_cast<double>(stall_time.count()) / 1e6);
+    const std::string home(home_space.empty() ? std::string_view("home") : home_space);
+    return std::to_string(accesses) + " accesses: " + std::to_string(hits) + " hits, " + std::to_string(misses) +
+           " misses, " + std::to_string(prefetches) + " prefetches, " + std::to_string(evictions) + " evictions, " +
+           std::to_string(write_backs) + " write-backs, " + std::to_string(departures) + " departures; " + home +
+           "->device " + format_bytes(bytes_home_to_device) + ", device->" + home + " " +
+           format_bytes(bytes_device_to_home) + "; stalled " + stalled;
+  }
 };
 
 /// `Engine` is a transfer_engine; `DeviceTier` the tier the blocks come from (its byte budget bounds `blocks`).
@@ -80,6 +94,7 @@ class device_cache {
                     "device_cache: " + std::to_string(options_.pinned_chunks.size()) + " pinned chunks in " +
                         std::to_string(options_.blocks) + " blocks leave none for the other " +
                         std::to_string(homes_.size() - options_.pinned_chunks.size()) + " chunks");
+    stats_.home_space = Engine::home_space_name;
     chunk_block_.assign(homes_.size(), no_block);
     last_write_back_.resize(homes_.size());
     blocks_.reserve(options_.blocks);
@@ -93,6 +108,7 @@ class device_cache {
   }
   device_cache(const device_cache&) = delete;
   device_cache& operator=(const device_cache&) = delete;
+  /// Waits for the moves in flight and frees the blocks. Dirty chunks are not written back: call flush() first.
   ~device_cache() {
     for (auto& b : blocks_) {
       wait_quietly(b.fetch);

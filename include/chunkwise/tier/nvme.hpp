@@ -76,6 +76,13 @@ class nvme_tier {
         slots_(slot_count(options_, slot_bytes_)),
         segments_per_slot_(static_cast<std::uint32_t>(div_ceil(slot_bytes_, options_.io_bytes))),
         budget_("NVMe", byte_count{slots_} * slot_bytes_) {
+    check_room();  // before any allocation sized by the capacity: a store that cannot exist fails here
+    // Bookkeeping before the file: nothing may fail after the file exists without removing it.
+    checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
+    written_bytes_.assign(slots_, 0);
+    allocated_.assign(slots_, 0);
+    free_slots_.reserve(slots_);
+    for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
     open_store();
     try {
       start_io();
@@ -83,17 +90,13 @@ class nvme_tier {
       close_store();
       throw;
     }
-    checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
-    written_bytes_.assign(slots_, 0);
-    free_slots_.reserve(slots_);
-    for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
   }
   nvme_tier(const nvme_tier&) = delete;
   nvme_tier& operator=(const nvme_tier&) = delete;
   ~nvme_tier() {
     pool_.reset();
 #if CHUNKWISE_HAS_URING
-    if (ring_ready_) io_uring_queue_exit(&ring_);
+    for (auto& ring : rings_) io_uring_queue_exit(ring.get());
 #endif
     close_store();
   }
@@ -115,11 +118,13 @@ class nvme_tier {
     const std::uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     written_bytes_[slot] = 0;
+    allocated_[slot] = 1;
     return nvme_block{slot};
   }
   void deallocate_sync(nvme_block block, byte_count /*bytes*/ = 0, std::size_t /*alignment*/ = 0) {
     check_block(block, "deallocate");
     std::lock_guard lock(slots_mutex_);
+    allocated_[block.slot] = 0;
     free_slots_.push_back(block.slot);
     budget_.release(slot_bytes_);
   }
@@ -201,7 +206,8 @@ class nvme_tier {
     return static_cast<std::uint32_t>(slots);
   }
 
-  void open_store() {
+  // The directory exists, and the file fits the file size limit and the free space.
+  void check_room() const {
     const auto& dir = options_.directory;
     std::error_code ec;
     const auto status = std::filesystem::status(dir, ec);
@@ -213,6 +219,28 @@ class nvme_tier {
     if (!std::filesystem::is_directory(status))
       detail::raise(error_code::io_error, "NVMe tier: store path '" + dir.string() + "' is not a directory");
 
+    const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
+    const std::string context = "NVMe tier: store in '" + dir.string() + "'";
+    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
+    // check it first and fail with a message instead.
+    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                                 limit.rlim_cur < file_bytes) {
+      detail::raise(error_code::io_error,
+                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
+                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
+                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
+    }
+    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
+    if (struct statvfs fs {}; ::statvfs(dir.c_str(), &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
+      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
+                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
+                                              format_bytes(byte_count{fs.f_bavail} * fs.f_frsize) +
+                                              " free; shrink the store or free space");
+    }
+  }
+
+  void open_store() {
+    const auto& dir = options_.directory;
     static std::atomic<unsigned> store_counter{0};
     file_ = dir / ("chunkwise-store-" + std::to_string(::getpid()) + "-" + std::to_string(store_counter++) + ".bin");
     const std::string context = "NVMe tier: store file '" + file_.string() + "'";
@@ -232,24 +260,6 @@ class nvme_tier {
                                                                              : std::string()));
     }
     const byte_count file_bytes = byte_count{slots_} * slot_bytes_;
-    // A file size limit below the store would make fallocate raise SIGXFSZ (default action: kill the process):
-    // check it first and fail with a message instead.
-    if (struct rlimit limit {}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-                                 limit.rlim_cur < file_bytes) {
-      close_store();
-      detail::raise(error_code::io_error,
-                    context + ": the store needs a file of " + format_bytes(file_bytes) + " (" +
-                        std::to_string(file_bytes) + " bytes), over the process's file size limit RLIMIT_FSIZE of " +
-                        format_bytes(limit.rlim_cur) + "; raise it (ulimit -f) or shrink the store");
-    }
-    // A store larger than the free space fails here, before fallocate would fill the disk on its way to ENOSPC.
-    if (struct statvfs fs {}; ::fstatvfs(fd_, &fs) == 0 && byte_count{fs.f_bavail} * fs.f_frsize < file_bytes) {
-      const byte_count free_bytes = byte_count{fs.f_bavail} * fs.f_frsize;
-      close_store();
-      detail::raise(error_code::io_error, context + ": no space: the store needs " + format_bytes(file_bytes) + " (" +
-                                              std::to_string(file_bytes) + " bytes), '" + dir.string() + "' has " +
-                                              format_bytes(free_bytes) + " free; shrink the store or free space");
-    }
     int rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(file_bytes));
     int e = rc == 0 ? 0 : errno;
     if (rc != 0 && e == EOPNOTSUPP) {
@@ -284,9 +294,11 @@ class nvme_tier {
     active_path_ = nvme_io_path::threads;
 #if CHUNKWISE_HAS_URING
     if (options_.path != nvme_io_path::threads) {
-      const int rc = io_uring_queue_init(options_.queue_depth, &ring_, 0);
+      auto ring = std::make_unique<io_uring>();
+      const int rc = io_uring_queue_init(options_.queue_depth, ring.get(), 0);
       if (rc == 0) {
-        ring_ready_ = true;
+        rings_.push_back(std::move(ring));
+        idle_rings_.push_back(rings_.back().get());
         active_path_ = nvme_io_path::io_uring;
         return;
       }
@@ -309,6 +321,9 @@ class nvme_tier {
       detail::raise(error_code::invalid_argument, std::string("NVMe tier: ") + what + " of block " +
                                               std::to_string(block.slot) + "; the store has " +
                                               std::to_string(slots_) + " blocks");
+    if (allocated_[block.slot] == 0)
+      detail::raise(error_code::illegal_state, std::string("NVMe tier: ") + what + " of block " +
+                                                   std::to_string(block.slot) + ", which is not allocated");
   }
   void check_io(nvme_block block, const void* buffer, byte_count bytes, const char* what) const {
     check_block(block, what);
@@ -376,14 +391,15 @@ class nvme_tier {
   // Keeps queue_depth requests in flight; checksums of a write are computed just after its submission, those of a
   // read just after its completion and the refill of the queue, so the CPU work overlaps the device's.
   void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
-    std::lock_guard lock(ring_mutex_);
+    ring_lease lease(*this);
+    io_uring* const ring = lease.ring;
     std::size_t next = 0, in_flight = 0;
     std::exception_ptr failure;
     auto submit_more = [&] {
       unsigned queued = 0;
       while (!failure && next < segments.size() && in_flight < options_.queue_depth) {
         const segment& s = segments[next];
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(ring);
         if (sqe == nullptr) break;
         if (writing) {
           io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
@@ -396,7 +412,7 @@ class nvme_tier {
         ++queued;
       }
       if (queued > 0) {
-        const int rc = io_uring_submit(&ring_);
+        const int rc = io_uring_submit(ring);
         // The kernel only reads a write's buffer: its checksum is computed while the device works.
         if (writing)
           for (std::size_t i = next - queued; i < next; ++i)
@@ -411,16 +427,17 @@ class nvme_tier {
     submit_more();
     while (in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
-      const int rc = io_uring_wait_cqe(&ring_, &cqe);
+      const int rc = io_uring_wait_cqe(ring, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) {
-        // The ring is broken: nothing more completes. Report; in-flight buffers are the caller's, kept alive by it.
+        // The ring is broken: nothing more completes. Retire it and report.
+        lease.broken = true;
         std::rethrow_exception(std::make_exception_ptr(
             error(error_code::io_error, std::string("NVMe tier: io_uring_wait_cqe failed: ") + std::strerror(-rc))));
       }
       const auto& s = segments[static_cast<std::size_t>(io_uring_cqe_get_data64(cqe))];
       const int result = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
+      io_uring_cqe_seen(ring, cqe);
       --in_flight;
       submit_more();  // refill the queue first; then verify this request while the others run
       if (!failure) {
@@ -495,14 +512,58 @@ class nvme_tier {
   std::string fallback_reason_;
   std::unique_ptr<detail::task_queue> pool_;
 #if CHUNKWISE_HAS_URING
-  io_uring ring_{};
-  bool ring_ready_ = false;
-  std::mutex ring_mutex_;
+  // Rings: one per thread doing I/O at a time (a fetch and a write-back run side by side), created on demand up to
+  // max_rings; a thread beyond that waits for one.
+  static constexpr std::size_t max_rings = 4;
+  std::mutex rings_mutex_;
+  std::condition_variable ring_idle_;
+  std::vector<std::unique_ptr<io_uring>> rings_;
+  std::vector<io_uring*> idle_rings_;
+
+  struct ring_lease {
+    nvme_tier& store;
+    io_uring* ring = nullptr;
+    bool broken = false;
+    explicit ring_lease(nvme_tier& owner) : store(owner) {
+      std::unique_lock lock(store.rings_mutex_);
+      if (store.idle_rings_.empty() && store.rings_.size() < max_rings) {
+        auto fresh = std::make_unique<io_uring>();
+        const int rc = io_uring_queue_init(store.options_.queue_depth, fresh.get(), 0);
+        if (rc == 0) {
+          store.rings_.push_back(std::move(fresh));
+          ring = store.rings_.back().get();
+          return;
+        }
+        if (store.rings_.empty())  // every earlier ring broke and no new one starts: nothing to wait for
+          detail::raise(error_code::io_error,
+                        std::string("NVMe tier: io_uring_queue_init failed: ") + std::strerror(-rc));
+      }
+      store.ring_idle_.wait(lock, [this] { return !store.idle_rings_.empty(); });
+      ring = store.idle_rings_.back();
+      store.idle_rings_.pop_back();
+    }
+    ring_lease(const ring_lease&) = delete;
+    ring_lease& operator=(const ring_lease&) = delete;
+    ~ring_lease() {
+      if (broken) {  // never handed out again; a fresh ring may take its place
+        std::lock_guard lock(store.rings_mutex_);
+        io_uring_queue_exit(ring);
+        std::erase_if(store.rings_, [this](const std::unique_ptr<io_uring>& r) { return r.get() == ring; });
+        return;
+      }
+      {
+        std::lock_guard lock(store.rings_mutex_);
+        store.idle_rings_.push_back(ring);
+      }
+      store.ring_idle_.notify_one();
+    }
+  };
 #endif
   std::mutex slots_mutex_;
   std::vector<std::uint32_t> free_slots_;
   std::vector<std::uint32_t> checksums_;
   std::vector<byte_count> written_bytes_;
+  std::vector<unsigned char> allocated_;  // per slot; read by I/O threads for their own slots only
 };
 
 static_assert(memory_tier_with<nvme_tier, file_backed>);

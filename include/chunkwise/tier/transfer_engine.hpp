@@ -24,6 +24,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace chunkwise {
@@ -89,6 +90,7 @@ class transfer_engine {
   using home_handle = typename Home::handle_type;
   using transfer_type = transfer<Backend>;
   static constexpr bool staged = tier_access<space::device, typename Home::space>::staged;
+  static constexpr std::string_view home_space_name = Home::space::name;
 
   static_assert(tier_movable_v<space::device, typename Home::space> &&
                     tier_movable_v<typename Home::space, space::device>,

@@ -15,9 +15,3 @@ namespace chunkwise::detail {
 }
 
 }  // namespace chunkwise::detail
-
-/// Evaluates a POSIX call returning -1 on failure; throws chunkwise::error(io_error) naming the call and `context`.
-#define CHUNKWISE_POSIX_TRY(call, context)                                                       \
-  do {                                                                                           \
-    if ((call) == -1) ::chunkwise::detail::raise_posix(#call, errno, (context));                 \
-  } while (0)
