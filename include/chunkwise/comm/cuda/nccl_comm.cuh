@@ -20,6 +20,7 @@
 #include <chunkwise/comm/bootstrap_file.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
+#include <chunkwise/backend/cuda/error.cuh>
 #include <chunkwise/core/error.hpp>
 
 #include <cuda_runtime.h>
@@ -37,8 +38,6 @@
 /// Checks an NCCL call and throws chunkwise::error (comm_error) with the call, the place, NCCL's error name and its
 /// last error message.
 #define CHUNKWISE_NCCL_TRY(call) ::chunkwise::detail::check_nccl((call), #call, __FILE__, __LINE__)
-/// The same for the CUDA runtime calls the communicator makes (events, its scratch word).
-#define CHUNKWISE_COMM_CUDA_TRY(call) ::chunkwise::detail::check_comm_cuda((call), #call, __FILE__, __LINE__)
 
 namespace chunkwise {
 
@@ -52,12 +51,6 @@ inline void check_nccl(ncclResult_t result, const char* call, const char* file, 
                                           (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
 }
 
-inline void check_comm_cuda(cudaError_t result, const char* call, const char* file, int line) {
-  if (result == cudaSuccess) return;
-  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                                          cudaGetErrorName(result) + " (" + cudaGetErrorString(result) + ")");
-}
-
 template <class T>
 constexpr ncclDataType_t nccl_type() noexcept {
   if constexpr (std::same_as<T, float>) return ncclFloat32;
@@ -68,7 +61,7 @@ constexpr ncclDataType_t nccl_type() noexcept {
 /// A CUDA event without timing, recorded on the communicator's stream after an operation (or a group).
 class comm_event {
  public:
-  comm_event() { CHUNKWISE_COMM_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  comm_event() { CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), std::string("nccl_comm")); }
   comm_event(const comm_event&) = delete;
   comm_event& operator=(const comm_event&) = delete;
   ~comm_event() { cudaEventDestroy(event_); }
@@ -88,17 +81,17 @@ class nccl_comm {
    public:
     request() = default;
     void wait() {
-      if (event_) CHUNKWISE_COMM_CUDA_TRY(cudaEventSynchronize(event_->get()));
+      if (event_) CHUNKWISE_CUDA_TRY(cudaEventSynchronize(event_->get()), std::string("nccl_comm"));
     }
     [[nodiscard]] bool test() {
       if (!event_) return true;
       const cudaError_t state = cudaEventQuery(event_->get());
       if (state == cudaErrorNotReady) return false;
-      CHUNKWISE_COMM_CUDA_TRY(state);
+      CHUNKWISE_CUDA_TRY(state, std::string("nccl_comm"));
       return true;
     }
     void wait_on(cudaStream_t stream) {
-      if (event_) CHUNKWISE_COMM_CUDA_TRY(cudaStreamWaitEvent(stream, event_->get(), 0));
+      if (event_) CHUNKWISE_CUDA_TRY(cudaStreamWaitEvent(stream, event_->get(), 0), std::string("nccl_comm"));
     }
 
    private:
@@ -206,7 +199,7 @@ class nccl_comm {
       --comm.group_depth_;
       auto event = std::move(comm.group_event_);
       CHUNKWISE_NCCL_TRY(ncclGroupEnd());
-      if (event) CHUNKWISE_COMM_CUDA_TRY(cudaEventRecord(event->get(), comm.stream_));
+      if (event) CHUNKWISE_CUDA_TRY(cudaEventRecord(event->get(), comm.stream_), std::string("nccl_comm"));
     }
     ~group_guard() {
       try {
@@ -236,8 +229,8 @@ class nccl_comm {
   void finish_setup() {
     CHUNKWISE_NCCL_TRY(ncclCommUserRank(comm_, &rank_));
     CHUNKWISE_NCCL_TRY(ncclCommCount(comm_, &size_));
-    CHUNKWISE_COMM_CUDA_TRY(cudaMalloc(&scratch_, sizeof(int)));
-    CHUNKWISE_COMM_CUDA_TRY(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_));
+    CHUNKWISE_CUDA_TRY(cudaMalloc(&scratch_, sizeof(int)), std::string("nccl_comm"));
+    CHUNKWISE_CUDA_TRY(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_), std::string("nccl_comm"));
   }
 
   static ncclRedOp_t nccl_op(reduce_op op) noexcept { return op == reduce_op::sum ? ncclSum : ncclAvg; }
@@ -249,7 +242,7 @@ class nccl_comm {
       return request(group_event_);
     }
     auto event = std::make_shared<detail::comm_event>();
-    CHUNKWISE_COMM_CUDA_TRY(cudaEventRecord(event->get(), stream_));
+    CHUNKWISE_CUDA_TRY(cudaEventRecord(event->get(), stream_), std::string("nccl_comm"));
     return request(std::move(event));
   }
 

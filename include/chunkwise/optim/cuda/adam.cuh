@@ -14,6 +14,7 @@
 //    can be captured in a CUDA graph and replayed every step.
 #if CHUNKWISE_HAS_CUDA
 
+#include <chunkwise/backend/cuda/error.cuh>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/optim/concepts.hpp>
@@ -24,6 +25,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -38,12 +40,6 @@ namespace chunkwise::optim {
 // Kernels and device-side types; `cuda_kernels`, not `cuda`, so a using-directive never makes ::cuda ambiguous.
 namespace detail::cuda_kernels {
 
-inline void check(cudaError_t status, const char* call, const char* context) {
-  if (status != cudaSuccess)
-    throw error(error_code::io_error, std::string(call) + " failed with " + cudaGetErrorName(status) + " (" +
-                                          cudaGetErrorString(status) + ") in " + context);
-}
-#define CHUNKWISE_OPTIM_CUDA_TRY(call, context) ::chunkwise::optim::detail::cuda_kernels::check((call), #call, (context))
 
 enum type_code : std::uint8_t { none = 0, f32 = 1, b16 = 2, f16 = 3 };
 
@@ -301,8 +297,8 @@ class cuda_adam {
     validate(config_);
     if (max_chunks == 0) throw error(error_code::invalid_argument, "cuda_adam: max_chunks must be >= 1");
     int device = 0, sms = 0;
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaGetDevice(&device), "cuda_adam constructor");
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+    CHUNKWISE_CUDA_TRY(cudaGetDevice(&device), "cuda_adam constructor");
+    CHUNKWISE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                              "cuda_adam constructor");
     blocks_ = sms * 4;  // 1024 resident threads per SM, each with four 16-byte loads in flight
     try {
@@ -330,21 +326,21 @@ class cuda_adam {
     upload_table(chunks, true);
     *host_state_ = detail::cuda_kernels::device_state{};
     host_state_->coefficients = make_coefficients(config_, args);
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpyAsync(state_, host_state_, sizeof(detail::cuda_kernels::device_state),
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(state_, host_state_, sizeof(detail::cuda_kernels::device_state),
                                              cudaMemcpyHostToDevice, stream_),
                              "cuda_adam::step (coefficients)");
     launch_update();
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::step");
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::step");
   }
   void step(const chunk_state& chunk, const step_args& args) { step(std::span<const chunk_state>(&chunk, 1), args); }
 
   double grad_sum_of_squares(std::span<const chunk_state> chunks) {
     upload_table(chunks, false);
     launch_squares();
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
                                              cudaMemcpyDeviceToHost, stream_),
                              "cuda_adam::grad_sum_of_squares");
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::grad_sum_of_squares");
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::grad_sum_of_squares");
     return host_state_->sum_of_squares;
   }
 
@@ -365,12 +361,12 @@ class cuda_adam {
     lr_schedule_ = nullptr;
     allocate(reinterpret_cast<void**>(&lr_schedule_), lr_schedule.size_bytes(), false);
     schedule_length_ = lr_schedule.size();
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpy(lr_schedule_, lr_schedule.data(), lr_schedule.size_bytes(),
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(lr_schedule_, lr_schedule.data(), lr_schedule.size_bytes(),
                                         cudaMemcpyHostToDevice),
                              "cuda_adam::bind (learning-rate schedule)");
     *host_state_ = detail::cuda_kernels::device_state{};
     host_state_->loss_scale = validated.scale();
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpy(state_, host_state_, sizeof(detail::cuda_kernels::device_state), cudaMemcpyHostToDevice),
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(state_, host_state_, sizeof(detail::cuda_kernels::device_state), cudaMemcpyHostToDevice),
                              "cuda_adam::bind (state)");
     bound_ = true;
   }
@@ -385,16 +381,16 @@ class cuda_adam {
       reduce(&state_->sum_of_squares, stream_);
     }
     detail::cuda_kernels::decide_kernel<<<1, 32, 0, stream_>>>(state_, settings_, lr_schedule_, schedule_length_);
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaGetLastError(), "cuda_adam::enqueue_step (decide kernel launch)");
+    CHUNKWISE_CUDA_TRY(cudaGetLastError(), "cuda_adam::enqueue_step (decide kernel launch)");
     launch_update();
   }
 
   /// The device state after the last step (synchronises the stream: for logging, not for the hot path).
   step_report read_report() {
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpyAsync(host_state_, state_, sizeof(detail::cuda_kernels::device_state),
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(host_state_, state_, sizeof(detail::cuda_kernels::device_state),
                                              cudaMemcpyDeviceToHost, stream_),
                              "cuda_adam::read_report");
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::read_report");
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::read_report");
     step_report report;
     report.skipped = host_state_->skipped != 0;
     report.grad_norm = host_state_->grad_norm;
@@ -453,22 +449,22 @@ class cuda_adam {
       host_table_[k] = {c.master, c.grad, c.moment1, c.moment2, c.working, c.count, grad, working, vectorized};
     }
     chunks_ = static_cast<int>(chunks.size());
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaMemcpyAsync(table_, host_table_, chunks.size() * sizeof(detail::cuda_kernels::device_chunk),
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(table_, host_table_, chunks.size() * sizeof(detail::cuda_kernels::device_chunk),
                                              cudaMemcpyHostToDevice, stream_),
                              "cuda_adam (chunk table upload)");
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam (chunk table upload)");
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam (chunk table upload)");
   }
 
   void launch_squares() {
     detail::cuda_kernels::squares_kernel<<<blocks_, detail::cuda_kernels::block_threads, 0, stream_>>>(table_, chunks_, partials_);
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaGetLastError(), "cuda_adam (squares kernel launch)");
+    CHUNKWISE_CUDA_TRY(cudaGetLastError(), "cuda_adam (squares kernel launch)");
     detail::cuda_kernels::fold_kernel<<<1, detail::cuda_kernels::block_threads, 0, stream_>>>(partials_, blocks_, &state_->sum_of_squares);
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaGetLastError(), "cuda_adam (fold kernel launch)");
+    CHUNKWISE_CUDA_TRY(cudaGetLastError(), "cuda_adam (fold kernel launch)");
   }
 
   void launch_update() {
     detail::cuda_kernels::adam_kernel<<<blocks_, detail::cuda_kernels::block_threads, 0, stream_>>>(table_, chunks_, state_);
-    CHUNKWISE_OPTIM_CUDA_TRY(cudaGetLastError(), "cuda_adam (update kernel launch)");
+    CHUNKWISE_CUDA_TRY(cudaGetLastError(), "cuda_adam (update kernel launch)");
   }
 
   adam_config config_;
