@@ -5,6 +5,7 @@
 #include <chunkwise/optim/concepts.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/optim/cpu_isa.hpp>
+#include <chunkwise/optim/cpu_options.hpp>
 #include <chunkwise/optim/cpu_sgd.hpp>
 #include <chunkwise/optim/hyperparameters.hpp>
 #include <chunkwise/optim/loss_scaler.hpp>

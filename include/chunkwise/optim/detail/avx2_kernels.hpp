@@ -44,6 +44,11 @@ CHUNKWISE_AVX2_INLINE void store(fp16* p, std::size_t i, __m256 x) noexcept {
 }
 CHUNKWISE_AVX2_INLINE void store(no_copy*, std::size_t, __m256) noexcept {}
 
+template <class T>
+CHUNKWISE_AVX2_INLINE void prefetch(const T* p, std::size_t i) noexcept {
+  _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
 struct adam_vectors {
   __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bias2, decay, l2, grad_scale;
 };
@@ -71,7 +76,15 @@ CHUNKWISE_AVX2_TARGET void adam(const adam_coefficients& c, float* master, const
                        _mm256_set1_ps(c.inv_sqrt_bias2), _mm256_set1_ps(c.decay), _mm256_set1_ps(c.l2),
                        _mm256_set1_ps(c.grad_scale)};
   std::size_t i = begin;
-  for (; i + 8 <= end; i += 8) adam_body(v, master, grad, m1, m2, working, i);
+  for (; i + 8 <= end; i += 8) {
+    if (i + prefetch_distance < end) {
+      prefetch(grad, i + prefetch_distance);
+      prefetch(master, i + prefetch_distance);
+      prefetch(m1, i + prefetch_distance);
+      prefetch(m2, i + prefetch_distance);
+    }
+    adam_body(v, master, grad, m1, m2, working, i);
+  }
   for (; i < end; ++i) adam_element(c, master, grad, m1, m2, working, i);
 }
 
@@ -105,7 +118,14 @@ CHUNKWISE_AVX2_TARGET void sgd(const sgd_coefficients& c, float* master, const G
                       _mm256_set1_ps(c.grad_scale),   c.first,
                       c.nesterov,                     c.has_momentum};
   std::size_t i = begin;
-  for (; i + 8 <= end; i += 8) sgd_body(v, master, grad, buffer, working, i);
+  for (; i + 8 <= end; i += 8) {
+    if (i + prefetch_distance < end) {
+      prefetch(grad, i + prefetch_distance);
+      prefetch(master, i + prefetch_distance);
+      if (c.has_momentum && !c.first) prefetch(buffer, i + prefetch_distance);
+    }
+    sgd_body(v, master, grad, buffer, working, i);
+  }
   for (; i < end; ++i) sgd_element(c, master, grad, buffer, working, i);
 }
 
@@ -116,6 +136,7 @@ CHUNKWISE_AVX2_TARGET double sum_of_squares(const Grad* grad, std::size_t begin,
   __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd(), a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
+    if (i + prefetch_distance < end) prefetch(grad, i + prefetch_distance);
     const __m256 x0 = load(grad, i), x1 = load(grad, i + 8);
     const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
     const __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(x1, 1));

@@ -50,6 +50,12 @@ CHUNKWISE_AVX512_INLINE void store(fp16* p, std::size_t i, __m512 x, __mmask16 k
 }
 CHUNKWISE_AVX512_INLINE void store(no_copy*, std::size_t, __m512, __mmask16) noexcept {}
 
+template <class T>
+CHUNKWISE_AVX512_INLINE void prefetch(const T* p, std::size_t i) noexcept {
+  _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+CHUNKWISE_AVX512_INLINE void prefetch(const no_copy*, std::size_t) noexcept {}
+
 CHUNKWISE_AVX512_INLINE __mmask16 tail_mask(std::size_t remaining) noexcept {
   return static_cast<__mmask16>((1u << remaining) - 1u);
 }
@@ -82,7 +88,15 @@ CHUNKWISE_AVX512_TARGET void adam(const adam_coefficients& c, float* master, con
                        _mm512_set1_ps(c.inv_sqrt_bias2), _mm512_set1_ps(c.decay), _mm512_set1_ps(c.l2),
                        _mm512_set1_ps(c.grad_scale)};
   std::size_t i = begin;
-  for (; i + 16 <= end; i += 16) adam_body(v, master, grad, m1, m2, working, i, static_cast<__mmask16>(0xffff));
+  for (; i + 16 <= end; i += 16) {
+    if (i + prefetch_distance < end) {
+      prefetch(grad, i + prefetch_distance);
+      prefetch(master, i + prefetch_distance);
+      prefetch(m1, i + prefetch_distance);
+      prefetch(m2, i + prefetch_distance);
+    }
+    adam_body(v, master, grad, m1, m2, working, i, static_cast<__mmask16>(0xffff));
+  }
   if (i < end) adam_body(v, master, grad, m1, m2, working, i, tail_mask(end - i));
 }
 
@@ -116,7 +130,14 @@ CHUNKWISE_AVX512_TARGET void sgd(const sgd_coefficients& c, float* master, const
                       _mm512_set1_ps(c.grad_scale),   c.first,
                       c.nesterov,                     c.has_momentum};
   std::size_t i = begin;
-  for (; i + 16 <= end; i += 16) sgd_body(v, master, grad, buffer, working, i, static_cast<__mmask16>(0xffff));
+  for (; i + 16 <= end; i += 16) {
+    if (i + prefetch_distance < end) {
+      prefetch(grad, i + prefetch_distance);
+      prefetch(master, i + prefetch_distance);
+      if (c.has_momentum && !c.first) prefetch(buffer, i + prefetch_distance);
+    }
+    sgd_body(v, master, grad, buffer, working, i, static_cast<__mmask16>(0xffff));
+  }
   if (i < end) sgd_body(v, master, grad, buffer, working, i, tail_mask(end - i));
 }
 
@@ -135,7 +156,10 @@ template <class Grad>
 CHUNKWISE_AVX512_TARGET double sum_of_squares(const Grad* grad, std::size_t begin, std::size_t end) noexcept {
   __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
   std::size_t i = begin;
-  for (; i + 16 <= end; i += 16) squares_body(grad, i, static_cast<__mmask16>(0xffff), low, high);
+  for (; i + 16 <= end; i += 16) {
+    if (i + prefetch_distance < end) prefetch(grad, i + prefetch_distance);
+    squares_body(grad, i, static_cast<__mmask16>(0xffff), low, high);
+  }
   if (i < end) squares_body(grad, i, tail_mask(end - i), low, high);
   alignas(64) double lanes[sum_lanes];
   _mm512_store_pd(lanes, low);

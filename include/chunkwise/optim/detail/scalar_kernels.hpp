@@ -13,6 +13,11 @@ namespace chunkwise::optim::detail {
 /// The "no working copy" type: stores to it do nothing.
 struct no_copy {};
 
+/// How far ahead (in elements) the SIMD loops prefetch their input streams: 2 KiB of fp32. The hardware prefetcher
+/// alone keeps too few lines in flight for the 4 read streams of Adam; measured here (one thread, thread CPU time,
+/// 64 Mi parameters) software prefetch at 256-1024 elements ahead gained 8-15% over none.
+constexpr std::size_t prefetch_distance = 512;
+
 inline float load_element(const float* p, std::size_t i) noexcept { return p[i]; }
 inline float load_element(const bf16* p, std::size_t i) noexcept { return to_float(p[i]); }
 inline float load_element(const fp16* p, std::size_t i) noexcept { return to_float(p[i]); }
