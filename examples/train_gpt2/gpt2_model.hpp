@@ -326,6 +326,8 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
 }
 
 // out[b,t,o] = bias[o] + sum_i inp[b,t,i] * weight[o,i]; weight is (OC, C); bias may be null.
+// The dot product is an `omp simd` reduction: vectorised, its summation order fixed by the build (so results do not
+// depend on the thread count), but not the sequential order.
 template <class Real>
 void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, std::size_t B, std::size_t T,
                     std::size_t C, std::size_t OC) {
@@ -336,9 +338,10 @@ void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* 
       Real* out_bt = out + (b * T + t) * OC;
       for (std::size_t o = 0; o < OC; ++o) {
         const Real* w_o = weight + o * C;
-        Real value = bias != nullptr ? bias[o] : Real(0);
-        for (std::size_t i = 0; i < C; ++i) value += inp_bt[i] * w_o[i];
-        out_bt[o] = value;
+        Real dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (std::size_t i = 0; i < C; ++i) dot += inp_bt[i] * w_o[i];
+        out_bt[o] = (bias != nullptr ? bias[o] : Real(0)) + dot;
       }
     }
 }
