@@ -2,7 +2,8 @@
 // GPT-2 on the CPU, after Andrej Karpathy's llm.c (train_gpt2.c, MIT licence): token and position embeddings,
 // pre-LayerNorm blocks (causal self-attention, then an MLP with tanh-approximated GELU), a final LayerNorm and an
 // LM head tied to the token embedding, trained with mean cross-entropy. Plain loops, `#pragma omp parallel for`
-// where the iterations write disjoint outputs (compiled without OpenMP, the pragmas are ignored).
+// only where the iterations write disjoint outputs, so results are bit-identical for any thread count (compiled
+// without OpenMP, the pragmas are ignored).
 //
 // The model is organised BY STEP, exactly as chunkwise's analytic profile (chunkwise/profile/gpt2.hpp) lists the
 // steps of one iteration:
@@ -10,7 +11,7 @@
 //   forward:   embed_forward   (wte, wpe)
 //              layer_forward   (the layer's 12 tensors)            for l = 0 .. L-1
 //              head_forward    (ln_f.weight, ln_f.bias, wte)  -> mean loss
-//   backward:  head_backward   (same tensors, and their gradients)
+//   backward:  head_backward   (ln_f.weight, wte; gradients of ln_f.weight, ln_f.bias, wte)
 //              layer_backward  (the layer's 12 tensors and their gradients)   for l = L-1 .. 0
 //              embed_backward  (gradients of wte, wpe)
 //
