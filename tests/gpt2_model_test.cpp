@@ -309,6 +309,64 @@ TEST_CASE("training is deterministic: two runs, and runs on one or more threads,
   CHECK(std::memcmp(first.data(), on_two_threads.data(), first.size() * sizeof(float)) == 0);
 }
 
+// What the chunkwise trainer does: every tensor in memory of its own (here one vector each, as chunks would hand
+// out pointers), the step functions called one by one with only their tensors' pointers.
+TEST_CASE("the step functions on separate per-tensor buffers train bit for bit as the reference trainer") {
+  const omp_threads one_thread(1);
+  const auto config = tiny_config();
+  const std::uint64_t seed = 8;
+  gpt2::reference_trainer reference(config, seed);
+  const auto tensors = gpt2::parameter_tensors(config);
+  std::vector<std::vector<float>> params, grads, moment1, moment2;
+  for (const auto& tensor : tensors) {
+    params.emplace_back(tensor.elements);
+    gpt2::init_parameter(config, tensor.name, std::span<float>(params.back()), seed);
+    grads.emplace_back(tensor.elements);
+    moment1.emplace_back(tensor.elements, 0.0f);
+    moment2.emplace_back(tensor.elements, 0.0f);
+  }
+  gpt2::activations<float> acts(config);
+  const auto layer = [&](std::size_t l) {
+    gpt2::layer_params<float> p;
+    gpt2::layer_grads<float> g;
+    for (std::size_t t = 0; t < gpt2::layer_tensor_count; ++t) {
+      const std::size_t index = gpt2::layer_tensor_index(l, static_cast<gpt2::layer_tensor>(t));
+      p.tensor[t] = params[index].data();
+      g.tensor[t] = grads[index].data();
+    }
+    return std::pair{p, g};
+  };
+  const std::size_t wte = gpt2::wte_index, wpe = gpt2::wpe_index, lnf_w = gpt2::ln_f_weight_index(config),
+                    lnf_b = gpt2::ln_f_bias_index(config);
+
+  auto loader = tiny_loader(gpt2::data_split::train, 4);
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    loader.next_batch();
+    const int* tokens = loader.tokens().data();
+    const int* targets = loader.targets().data();
+    const float reference_loss = reference.train_step(tokens, targets, 1e-3f);
+
+    for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+    gpt2::embed_forward(params[wte].data(), params[wpe].data(), tokens, acts);
+    for (std::size_t l = 0; l < config.layers; ++l) gpt2::layer_forward(l, layer(l).first, acts);
+    const float loss = gpt2::head_forward(params[lnf_w].data(), params[lnf_b].data(), params[wte].data(), targets, acts);
+    gpt2::head_backward(params[lnf_w].data(), params[wte].data(), grads[lnf_w].data(), grads[lnf_b].data(),
+                        grads[wte].data(), targets, acts);
+    for (std::size_t l = config.layers; l-- > 0;) gpt2::layer_backward(l, layer(l).first, layer(l).second, acts);
+    gpt2::embed_backward(grads[wte].data(), grads[wpe].data(), tokens, acts);
+    const auto coefficients = chunkwise::optim::make_coefficients(reference.adam(), {1e-3f, step, 1.0f});
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      gpt2::adamw_update(coefficients, params[i].data(), grads[i].data(), moment1[i].data(), moment2[i].data(),
+                         params[i].size());
+    CHECK(loss == reference_loss);
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    CAPTURE(tensors[i].name);
+    CHECK(std::ranges::equal(params[i], reference.parameter(i)));
+    CHECK(std::ranges::equal(grads[i], reference.gradient(i)));
+  }
+}
+
 TEST_CASE("the data loader serves shifted windows of its split in a seeded order") {
   const auto config = tiny_config();
   const auto all = gpt2::read_byte_tokens(gpt2::default_data_file);
@@ -400,6 +458,7 @@ TEST_CASE("the data loader refuses a missing file and a split shorter than one w
 }
 
 TEST_CASE("a token outside the vocabulary is refused, not read past the embedding") {
+  const omp_threads one_thread(1);
   const auto config = tiny_config();
   gpt2::reference_trainer trainer(config, 1);
   std::vector<int> tokens(config.batch * config.context, 65), targets(tokens.size(), 66);

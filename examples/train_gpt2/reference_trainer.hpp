@@ -67,6 +67,28 @@ void init_parameter(const model_config& config, std::string_view name, std::span
     value = layernorm_weight ? Real(1) : stddev == 0.0 ? Real(0) : static_cast<Real>(stddev * rng.normal());
 }
 
+/// AdamW on n elements with this step's coefficients (chunkwise::optim::make_coefficients): the element update of
+/// chunkwise::optim's CPU Adam, in Real. Elementwise, so any split into tensors or chunks gives the same result.
+template <class Real>
+void adamw_update(const chunkwise::optim::adam_coefficients& c, Real* params, const Real* grads, Real* moment1,
+                  Real* moment2, std::size_t n) {
+  const Real beta1 = Real(c.beta1), one_minus_beta1 = Real(c.one_minus_beta1), beta2 = Real(c.beta2),
+             one_minus_beta2 = Real(c.one_minus_beta2), eps = Real(c.eps), neg_step_size = Real(c.neg_step_size),
+             inv_sqrt_bias2 = Real(c.inv_sqrt_bias2), decay = Real(c.decay), l2 = Real(c.l2),
+             grad_scale = Real(c.grad_scale);
+#pragma omp parallel for
+  for (std::size_t i = 0; i < n; ++i) {
+    const Real p = params[i];
+    const Real g = std::fma(l2, p, grads[i] * grad_scale);
+    const Real m = std::fma(beta1, moment1[i], one_minus_beta1 * g);
+    const Real v = std::fma(beta2, moment2[i], (one_minus_beta2 * g) * g);
+    const Real denom = std::fma(std::sqrt(v), inv_sqrt_bias2, eps);
+    moment1[i] = m;
+    moment2[i] = v;
+    params[i] = std::fma(neg_step_size, m / denom, p * decay);
+  }
+}
+
 template <class Real>
 class basic_reference_trainer {
  public:
@@ -119,24 +141,10 @@ class basic_reference_trainer {
     const chunkwise::optim::step_args args{lr, steps_, 1.0f};
     chunkwise::optim::validate(args);
     const auto c = chunkwise::optim::make_coefficients(adam_, args);
-    const Real beta1 = Real(c.beta1), one_minus_beta1 = Real(c.one_minus_beta1), beta2 = Real(c.beta2),
-               one_minus_beta2 = Real(c.one_minus_beta2), eps = Real(c.eps), neg_step_size = Real(c.neg_step_size),
-               inv_sqrt_bias2 = Real(c.inv_sqrt_bias2), decay = Real(c.decay), l2 = Real(c.l2),
-               grad_scale = Real(c.grad_scale);
-    const std::size_t n = params_.size();
-#pragma omp parallel for
-    for (std::size_t i = 0; i < n; ++i) {
-      const Real p = params_[i];
-      const Real g = std::fma(l2, p, grads_[i] * grad_scale);
-      const Real m = std::fma(beta1, moment1_[i], one_minus_beta1 * g);
-      const Real v = std::fma(beta2, moment2_[i], (one_minus_beta2 * g) * g);
-      const Real denom = std::fma(std::sqrt(v), inv_sqrt_bias2, eps);
-      moment1_[i] = m;
-      moment2_[i] = v;
-      params_[i] = std::fma(neg_step_size, m / denom, p * decay);
-    }
+    adamw_update(c, params_.data(), grads_.data(), moment1_.data(), moment2_.data(), params_.size());
   }
 
+  [[nodiscard]] const chunkwise::optim::adam_config& adam() const noexcept { return adam_; }
   [[nodiscard]] const model_config& config() const noexcept { return config_; }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
   [[nodiscard]] const std::vector<parameter_tensor>& tensors() const noexcept { return tensors_; }
