@@ -1,0 +1,708 @@
+#pragma once
+// GPT-2 on the CPU, after Andrej Karpathy's llm.c (train_gpt2.c, MIT licence): token and position embeddings,
+// pre-LayerNorm blocks (causal self-attention, then an MLP with tanh-approximated GELU), a final LayerNorm and an
+// LM head tied to the token embedding, trained with mean cross-entropy. Plain loops, `#pragma omp parallel for`
+// only where the iterations write disjoint outputs, so results are bit-identical for any thread count (compiled
+// without OpenMP, the pragmas are ignored).
+//
+// The model is organised BY STEP, exactly as chunkwise's analytic profile (chunkwise/profile/gpt2.hpp) lists the
+// steps of one iteration:
+//
+//   forward:   embed_forward   (wte, wpe)
+//              layer_forward   (the layer's 12 tensors)            for l = 0 .. L-1
+//              head_forward    (ln_f.weight, ln_f.bias, wte)  -> mean loss
+//   backward:  head_backward   (ln_f.weight, wte; gradients of ln_f.weight, ln_f.bias, wte)
+//              layer_backward  (the layer's 12 tensors and their gradients)   for l = L-1 .. 0
+//              embed_backward  (gradients of wte, wpe)
+//
+// A step receives only the pointers of the parameter tensors it touches (and of their gradients), plus the
+// activations, which the trainer owns (`activations`, allocated once for (B, T), as llm.c does). So a trainer that
+// keeps parameters in chunk memory hands each step the pointers it acquired for it, and runs the very same maths as
+// the plain reference trainer (reference_trainer.hpp).
+//
+// Conventions, as llm.c:
+//   - Weights of a linear layer are stored (OC, C) row-major ("out channels by in channels"): out = inp @ W^T + b.
+//     The element counts are the profile's: c_attn.weight 3C*C, c_proj.weight C*C, c_fc.weight 4C*C,
+//     mlp c_proj.weight C*4C.
+//   - Parameter gradients ACCUMULATE (+=): the caller zeroes them before backward. So the tied wte receives both
+//     the head's contribution (head_backward) and the embedding's (embed_backward).
+//   - Activation gradients are scratch: each backward step zeroes the ones it writes, so the steps need nothing
+//     from the caller but the order above.
+// Every function is a template over the element type `Real`: the trainers use float (fp32, as the profile's
+// dtype::fp32); the gradient test uses double, so central finite differences can check the maths tightly.
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/profile/gpt2.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpt2 {
+
+// ----------------------------------------------------------------------------------------------------------------
+// Configuration and parameter tensors
+
+struct model_config {
+  std::size_t vocab = 256;     // V: byte-level tokens
+  std::size_t context = 64;    // T: tokens per sequence, and the rows of wpe
+  std::size_t channels = 128;  // C
+  std::size_t heads = 4;       // NH: C must be a multiple of it
+  std::size_t layers = 4;      // L
+  std::size_t batch = 4;       // B: sequences per step
+
+  /// V*C + T*C + L*(12*C^2 + 13*C) + 2*C, as chunkwise::gpt2_config::parameter_count().
+  [[nodiscard]] std::size_t parameter_count() const noexcept {
+    const std::size_t c = channels;
+    return vocab * c + context * c + layers * (12 * c * c + 13 * c) + 2 * c;
+  }
+};
+
+/// Throws chunkwise::error(invalid_argument) for a zero dimension or channels not divisible by heads.
+inline void validate(const model_config& config) {
+  using chunkwise::error, chunkwise::error_code;
+  if (config.vocab == 0 || config.context == 0 || config.channels == 0 || config.heads == 0 || config.layers == 0 ||
+      config.batch == 0)
+    throw error(error_code::invalid_argument,
+                "gpt2 model_config has a zero dimension (vocab " + std::to_string(config.vocab) + ", context " +
+                    std::to_string(config.context) + ", channels " + std::to_string(config.channels) + ", heads " +
+                    std::to_string(config.heads) + ", layers " + std::to_string(config.layers) + ", batch " +
+                    std::to_string(config.batch) + "); all must be positive");
+  if (config.channels % config.heads != 0)
+    throw error(error_code::invalid_argument, "gpt2 model_config: channels " + std::to_string(config.channels) +
+                                                  " is not divisible by heads " + std::to_string(config.heads) +
+                                                  "; pick heads among the divisors of channels");
+}
+
+/// The same model for chunkwise's planner: gpt2_profile(profile_config(config)) is this model's profile.
+inline chunkwise::gpt2_config profile_config(const model_config& config) {
+  chunkwise::gpt2_config profile;
+  profile.name = "train-gpt2";
+  profile.layers = static_cast<std::uint32_t>(config.layers);
+  profile.d_model = static_cast<std::uint32_t>(config.channels);
+  profile.heads = static_cast<std::uint32_t>(config.heads);
+  profile.vocab = static_cast<std::uint32_t>(config.vocab);
+  profile.context = static_cast<std::uint32_t>(config.context);
+  profile.micro_batch = static_cast<std::uint32_t>(config.batch);
+  profile.type = chunkwise::dtype::fp32;
+  return profile;
+}
+
+/// The 12 tensors of one block, in the profile's order ("h.<l>.<suffix>").
+enum layer_tensor : std::size_t {
+  ln_1_weight,
+  ln_1_bias,
+  attn_c_attn_weight,
+  attn_c_attn_bias,
+  attn_c_proj_weight,
+  attn_c_proj_bias,
+  ln_2_weight,
+  ln_2_bias,
+  mlp_c_fc_weight,
+  mlp_c_fc_bias,
+  mlp_c_proj_weight,
+  mlp_c_proj_bias,
+  layer_tensor_count
+};
+
+inline constexpr std::array<std::string_view, layer_tensor_count> layer_tensor_suffixes{
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+/// Element counts of the 12 tensors of one block, in the order of layer_tensor.
+inline std::array<std::size_t, layer_tensor_count> layer_tensor_sizes(const model_config& config) {
+  const std::size_t c = config.channels;
+  return {c, c, 3 * c * c, 3 * c, c * c, c, c, c, 4 * c * c, 4 * c, c * 4 * c, c};
+}
+
+/// One parameter tensor: its name (as the profile spells it) and element count.
+struct parameter_tensor {
+  std::string name;
+  std::size_t elements = 0;
+};
+
+/// Index of a tensor in parameter_tensors(): wte, wpe, then 12 per layer, then ln_f.weight, ln_f.bias.
+inline constexpr std::size_t wte_index = 0;
+inline constexpr std::size_t wpe_index = 1;
+constexpr std::size_t layer_tensor_index(std::size_t layer, layer_tensor tensor) noexcept {
+  return 2 + layer * layer_tensor_count + tensor;
+}
+constexpr std::size_t ln_f_weight_index(const model_config& config) noexcept { return 2 + config.layers * 12; }
+constexpr std::size_t ln_f_bias_index(const model_config& config) noexcept { return 3 + config.layers * 12; }
+
+/// All parameter tensors in the profile's first-use order (the order of gpt2_profile(profile_config(config))).
+inline std::vector<parameter_tensor> parameter_tensors(const model_config& config) {
+  const std::size_t c = config.channels;
+  std::vector<parameter_tensor> tensors;
+  tensors.reserve(4 + config.layers * layer_tensor_count);
+  tensors.push_back({"wte", config.vocab * c});
+  tensors.push_back({"wpe", config.context * c});
+  const auto sizes = layer_tensor_sizes(config);
+  for (std::size_t l = 0; l < config.layers; ++l)
+    for (std::size_t t = 0; t < layer_tensor_count; ++t)
+      tensors.push_back({"h." + std::to_string(l) + "." + std::string(layer_tensor_suffixes[t]), sizes[t]});
+  tensors.push_back({"ln_f.weight", c});
+  tensors.push_back({"ln_f.bias", c});
+  return tensors;
+}
+
+/// The pointers one layer step reads: its 12 parameter tensors, indexed by layer_tensor.
+template <class Real>
+struct layer_params {
+  std::array<const Real*, layer_tensor_count> tensor{};
+  const Real* operator[](layer_tensor t) const noexcept { return tensor[t]; }
+};
+
+/// The pointers one layer's backward step accumulates into: the gradients of its 12 tensors.
+template <class Real>
+struct layer_grads {
+  std::array<Real*, layer_tensor_count> tensor{};
+  Real* operator[](layer_tensor t) const noexcept { return tensor[t]; }
+};
+
+// ----------------------------------------------------------------------------------------------------------------
+// Activations: what forward keeps for backward (llm.c's ActivationTensors), and backward's scratch gradients.
+
+template <class Real>
+struct activations {
+  explicit activations(const model_config& config)
+      : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab) {
+    validate(config);
+    const std::size_t BT = B * T, BTC = B * T * C;
+    auto sized = [](std::size_t n) { return std::vector<Real>(n, Real(0)); };
+    encoded = sized(BTC);
+    ln1 = sized(L * BTC), ln1_mean = sized(L * BT), ln1_rstd = sized(L * BT);
+    qkv = sized(L * BTC * 3), atty = sized(L * BTC);
+    preatt = sized(L * B * NH * T * T), att = sized(L * B * NH * T * T);
+    attproj = sized(L * BTC), residual2 = sized(L * BTC);
+    ln2 = sized(L * BTC), ln2_mean = sized(L * BT), ln2_rstd = sized(L * BT);
+    fch = sized(L * BTC * 4), fch_gelu = sized(L * BTC * 4), fcproj = sized(L * BTC), residual3 = sized(L * BTC);
+    lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
+    logits = sized(BT * V), probs = sized(BT * V), losses = sized(BT);
+
+    dresidual = sized((L + 1) * BTC);
+    dln1 = sized(BTC), dqkv = sized(BTC * 3), datty = sized(BTC);
+    dpreatt = sized(B * NH * T * T), datt = sized(B * NH * T * T);
+    dattproj = sized(BTC), dresidual2 = sized(BTC), dln2 = sized(BTC);
+    dfch = sized(BTC * 4), dfch_gelu = sized(BTC * 4), dfcproj = sized(BTC);
+    dlnf = sized(BTC), dlogits = sized(BT * V);
+  }
+
+  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*V + B*T,
+  /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp).
+  [[nodiscard]] std::size_t saved_elements() const noexcept {
+    std::size_t n = 0;
+    for (const auto* buffer : {&encoded, &ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &preatt, &att, &attproj,
+                               &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &fcproj, &residual3, &lnf,
+                               &lnf_mean, &lnf_rstd, &logits, &probs, &losses})
+      n += buffer->size();
+    return n;
+  }
+
+  std::size_t B, T, C, NH, L, V;
+
+  // Forward. Per-layer buffers hold all L layers; layer l's slice starts at l times the slice size.
+  std::vector<Real> encoded;                  // (B, T, C)       token + position embedding: the input of layer 0
+  std::vector<Real> ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
+  std::vector<Real> qkv;                      // (L, B, T, 3C)   queries, keys, values
+  std::vector<Real> atty;                     // (L, B, T, C)    attention output, before the projection
+  std::vector<Real> preatt, att;              // (L, B, NH, T, T) scores before and after the causal softmax
+  std::vector<Real> attproj;                  // (L, B, T, C)
+  std::vector<Real> residual2;                // (L, B, T, C)    residual stream after attention
+  std::vector<Real> ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
+  std::vector<Real> fch, fch_gelu;            // (L, B, T, 4C)   MLP hidden layer before and after GELU
+  std::vector<Real> fcproj;                   // (L, B, T, C)
+  std::vector<Real> residual3;                // (L, B, T, C)    output of layer l, the input of layer l + 1
+  std::vector<Real> lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T), (B, T)
+  std::vector<Real> logits, probs;            // (B, T, V)
+  std::vector<Real> losses;                   // (B, T)          cross-entropy of each position
+
+  // Backward: gradients of the mean loss with respect to activations.
+  std::vector<Real> dresidual;  // (L + 1, B, T, C): slice l = d(input of layer l), slice L = d(output of layer L-1)
+  // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward step).
+  std::vector<Real> dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
+  std::vector<Real> dlnf, dlogits;  // the head's
+};
+
+// ----------------------------------------------------------------------------------------------------------------
+// Kernels: one operation each, forward and backward, on (B, T, channels) row-major arrays. As in llm.c, backward
+// kernels ACCUMULATE (+=) into every gradient they produce.
+
+namespace kernels {
+
+inline void check_tokens(const int* tokens, std::size_t count, std::size_t vocab, const char* what) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= vocab)
+      throw chunkwise::error(chunkwise::error_code::invalid_argument,
+                             std::string("gpt2: ") + what + "[" + std::to_string(i) + "] = " +
+                                 std::to_string(tokens[i]) + " is not a token of the vocabulary [0, " +
+                                 std::to_string(vocab) + ")");
+}
+
+// out[b,t,:] = wte[token[b,t],:] + wpe[t,:]
+template <class Real>
+void encoder_forward(Real* out, const int* tokens, const Real* wte, const Real* wpe, std::size_t B, std::size_t T,
+                     std::size_t C) {
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      Real* out_bt = out + (b * T + t) * C;
+      const Real* wte_ix = wte + static_cast<std::size_t>(tokens[b * T + t]) * C;
+      const Real* wpe_t = wpe + t * C;
+      for (std::size_t i = 0; i < C; ++i) out_bt[i] = wte_ix[i] + wpe_t[i];
+    }
+}
+
+// Serial: rows of wte repeat across (b, t), and a fixed order keeps the result deterministic.
+template <class Real>
+void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int* tokens, std::size_t B, std::size_t T,
+                      std::size_t C) {
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* dout_bt = dout + (b * T + t) * C;
+      Real* dwte_ix = dwte + static_cast<std::size_t>(tokens[b * T + t]) * C;
+      Real* dwpe_t = dwpe + t * C;
+      for (std::size_t i = 0; i < C; ++i) {
+        dwte_ix[i] += dout_bt[i];
+        dwpe_t[i] += dout_bt[i];
+      }
+    }
+}
+
+// out = (x - mean) * rstd * weight + bias over the C channels of each (b, t); keeps mean and rstd for backward.
+template <class Real>
+void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* weight, const Real* bias,
+                       std::size_t B, std::size_t T, std::size_t C) {
+  const Real eps = Real(1e-5);
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* x = inp + (b * T + t) * C;
+      Real m = 0;
+      for (std::size_t i = 0; i < C; ++i) m += x[i];
+      m = m / Real(C);
+      Real v = 0;
+      for (std::size_t i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
+      v = v / Real(C);
+      const Real s = Real(1) / std::sqrt(v + eps);
+      Real* out_bt = out + (b * T + t) * C;
+      for (std::size_t i = 0; i < C; ++i) out_bt[i] = s * (x[i] - m) * weight[i] + bias[i];
+      mean[b * T + t] = m;
+      rstd[b * T + t] = s;
+    }
+}
+
+// Serial: dweight and dbias sum over every (b, t).
+template <class Real>
+void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight,
+                        const Real* mean, const Real* rstd, std::size_t B, std::size_t T, std::size_t C) {
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* dout_bt = dout + (b * T + t) * C;
+      const Real* inp_bt = inp + (b * T + t) * C;
+      Real* dinp_bt = dinp + (b * T + t) * C;
+      const Real mean_bt = mean[b * T + t], rstd_bt = rstd[b * T + t];
+      // Two reductions: the mean of dnorm and the mean of dnorm * norm.
+      Real dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (std::size_t i = 0; i < C; ++i) {
+        const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
+        const Real dnorm = weight[i] * dout_bt[i];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean = dnorm_mean / Real(C);
+      dnorm_norm_mean = dnorm_norm_mean / Real(C);
+      for (std::size_t i = 0; i < C; ++i) {
+        const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
+        const Real dnorm = weight[i] * dout_bt[i];
+        dbias[i] += dout_bt[i];
+        dweight[i] += norm * dout_bt[i];
+        dinp_bt[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd_bt;
+      }
+    }
+}
+
+// out[b,t,o] = bias[o] + sum_i inp[b,t,i] * weight[o,i]; weight is (OC, C); bias may be null.
+// The dot product is an `omp simd` reduction: vectorised, its summation order fixed by the build (so results do not
+// depend on the thread count), but not the sequential order.
+template <class Real>
+void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, std::size_t B, std::size_t T,
+                    std::size_t C, std::size_t OC) {
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* inp_bt = inp + (b * T + t) * C;
+      Real* out_bt = out + (b * T + t) * OC;
+      for (std::size_t o = 0; o < OC; ++o) {
+        const Real* w_o = weight + o * C;
+        Real dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (std::size_t i = 0; i < C; ++i) dot += inp_bt[i] * w_o[i];
+        out_bt[o] = (bias != nullptr ? bias[o] : Real(0)) + dot;
+      }
+    }
+}
+
+// Two passes, each parallel over outputs it alone writes: dinp over (b, t), then dweight and dbias over o.
+template <class Real>
+void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight,
+                     std::size_t B, std::size_t T, std::size_t C, std::size_t OC) {
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* dout_bt = dout + (b * T + t) * OC;
+      Real* dinp_bt = dinp + (b * T + t) * C;
+      for (std::size_t o = 0; o < OC; ++o) {
+        const Real* w_o = weight + o * C;
+        const Real d = dout_bt[o];
+        for (std::size_t i = 0; i < C; ++i) dinp_bt[i] += w_o[i] * d;
+      }
+    }
+#pragma omp parallel for
+  for (std::size_t o = 0; o < OC; ++o) {
+    Real* dw_o = dweight + o * C;
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < T; ++t) {
+        const Real* inp_bt = inp + (b * T + t) * C;
+        const Real d = dout[(b * T + t) * OC + o];
+        if (dbias != nullptr) dbias[o] += d;
+        for (std::size_t i = 0; i < C; ++i) dw_o[i] += inp_bt[i] * d;
+      }
+  }
+}
+
+// Causal multi-head self-attention. inp is qkv (B, T, 3C): query, key, value at channel offsets 0, C, 2C, each split
+// into NH heads of hs = C / NH channels. preatt and att are (B, NH, T, T); only t2 <= t is written (the rest stays 0).
+template <class Real>
+void attention_forward(Real* out, Real* preatt, Real* att, const Real* inp, std::size_t B, std::size_t T,
+                       std::size_t C, std::size_t NH) {
+  const std::size_t C3 = 3 * C, hs = C / NH;
+  const Real scale = Real(1) / std::sqrt(Real(hs));
+#pragma omp parallel for collapse(3)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t h = 0; h < NH; ++h) {
+        const Real* query = inp + (b * T + t) * C3 + h * hs;
+        Real* preatt_bth = preatt + ((b * NH + h) * T + t) * T;
+        Real* att_bth = att + ((b * NH + h) * T + t) * T;
+
+        // 1: scores q.k / sqrt(hs) and their maximum
+        Real maxval = -std::numeric_limits<Real>::infinity();
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const Real* key = inp + (b * T + t2) * C3 + h * hs + C;
+          Real score = 0;
+          for (std::size_t i = 0; i < hs; ++i) score += query[i] * key[i];
+          score *= scale;
+          maxval = std::max(maxval, score);
+          preatt_bth[t2] = score;
+        }
+        // 2: softmax over t2 <= t (the causal mask: later positions get weight 0)
+        Real expsum = 0;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const Real e = std::exp(preatt_bth[t2] - maxval);
+          expsum += e;
+          att_bth[t2] = e;
+        }
+        for (std::size_t t2 = 0; t2 <= t; ++t2) att_bth[t2] /= expsum;
+        // 3: weighted sum of the values
+        Real* out_bth = out + (b * T + t) * C + h * hs;
+        for (std::size_t i = 0; i < hs; ++i) out_bth[i] = 0;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const Real* value = inp + (b * T + t2) * C3 + h * hs + 2 * C;
+          for (std::size_t i = 0; i < hs; ++i) out_bth[i] += att_bth[t2] * value[i];
+        }
+      }
+}
+
+// Parallel over (b, h): each pair owns its slice of dinp (the head's channels) and of datt, dpreatt.
+// The softmax backward uses dpreatt[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] * datt[t2]), O(T) per row, the
+// same sum llm.c's double loop computes.
+template <class Real>
+void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout, const Real* inp, const Real* att,
+                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  const std::size_t C3 = 3 * C, hs = C / NH;
+  const Real scale = Real(1) / std::sqrt(Real(hs));
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t h = 0; h < NH; ++h)
+      for (std::size_t t = 0; t < T; ++t) {
+        const Real* att_bth = att + ((b * NH + h) * T + t) * T;
+        Real* datt_bth = datt + ((b * NH + h) * T + t) * T;
+        Real* dpreatt_bth = dpreatt + ((b * NH + h) * T + t) * T;
+        const Real* dout_bth = dout + (b * T + t) * C + h * hs;
+        const Real* query = inp + (b * T + t) * C3 + h * hs;
+        Real* dquery = dinp + (b * T + t) * C3 + h * hs;
+
+        // 3: the weighted sum of values
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const Real* value = inp + (b * T + t2) * C3 + h * hs + 2 * C;
+          Real* dvalue = dinp + (b * T + t2) * C3 + h * hs + 2 * C;
+          for (std::size_t i = 0; i < hs; ++i) {
+            datt_bth[t2] += value[i] * dout_bth[i];
+            dvalue[i] += att_bth[t2] * dout_bth[i];
+          }
+        }
+        // 2: the softmax
+        Real weighted = 0;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) weighted += att_bth[t2] * datt_bth[t2];
+        for (std::size_t t2 = 0; t2 <= t; ++t2) dpreatt_bth[t2] += att_bth[t2] * (datt_bth[t2] - weighted);
+        // 1: the scores
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const Real* key = inp + (b * T + t2) * C3 + h * hs + C;
+          Real* dkey = dinp + (b * T + t2) * C3 + h * hs + C;
+          const Real d = dpreatt_bth[t2] * scale;
+          for (std::size_t i = 0; i < hs; ++i) {
+            dquery[i] += key[i] * d;
+            dkey[i] += query[i] * d;
+          }
+        }
+      }
+}
+
+// GELU, tanh approximation (as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class Real>
+void gelu_forward(Real* out, const Real* inp, std::size_t N) {
+  const Real scaling = std::sqrt(Real(2) / Real(3.14159265358979323846));
+#pragma omp parallel for
+  for (std::size_t i = 0; i < N; ++i) {
+    const Real x = inp[i];
+    const Real cube = Real(0.044715) * x * x * x;
+    out[i] = Real(0.5) * x * (Real(1) + std::tanh(scaling * (x + cube)));
+  }
+}
+
+template <class Real>
+void gelu_backward(Real* dinp, const Real* inp, const Real* dout, std::size_t N) {
+  const Real scaling = std::sqrt(Real(2) / Real(3.14159265358979323846));
+#pragma omp parallel for
+  for (std::size_t i = 0; i < N; ++i) {
+    const Real x = inp[i];
+    const Real cube = Real(0.044715) * x * x * x;
+    const Real tanh_out = std::tanh(scaling * (x + cube));
+    const Real sech2 = Real(1) - tanh_out * tanh_out;  // 1 / cosh^2
+    const Real local_grad = Real(0.5) * (Real(1) + tanh_out) +
+                            x * Real(0.5) * sech2 * scaling * (Real(1) + Real(3) * Real(0.044715) * x * x);
+    dinp[i] += local_grad * dout[i];
+  }
+}
+
+template <class Real>
+void residual_forward(Real* out, const Real* inp1, const Real* inp2, std::size_t N) {
+#pragma omp parallel for
+  for (std::size_t i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
+}
+
+template <class Real>
+void residual_backward(Real* dinp1, Real* dinp2, const Real* dout, std::size_t N) {
+#pragma omp parallel for
+  for (std::size_t i = 0; i < N; ++i) {
+    dinp1[i] += dout[i];
+    dinp2[i] += dout[i];
+  }
+}
+
+// probs[b,t,:] = softmax(logits[b,t,:]) over the V tokens.
+template <class Real>
+void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t T, std::size_t V) {
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      const Real* logits_bt = logits + (b * T + t) * V;
+      Real* probs_bt = probs + (b * T + t) * V;
+      Real maxval = -std::numeric_limits<Real>::infinity();
+      for (std::size_t i = 0; i < V; ++i) maxval = std::max(maxval, logits_bt[i]);
+      Real sum = 0;
+      for (std::size_t i = 0; i < V; ++i) {
+        probs_bt[i] = std::exp(logits_bt[i] - maxval);
+        sum += probs_bt[i];
+      }
+      for (std::size_t i = 0; i < V; ++i) probs_bt[i] /= sum;
+    }
+}
+
+// losses[b,t] = -log probs[b,t,target[b,t]]
+template <class Real>
+void crossentropy_forward(Real* losses, const Real* probs, const int* targets, std::size_t B, std::size_t T,
+                          std::size_t V) {
+  for (std::size_t bt = 0; bt < B * T; ++bt)
+    losses[bt] = -std::log(probs[bt * V + static_cast<std::size_t>(targets[bt])]);
+}
+
+// Softmax and cross-entropy together: dlogits = (probs - onehot(target)) * dloss, with dloss = 1 / (B*T) for every
+// position (the loss is the mean).
+template <class Real>
+void crossentropy_softmax_backward(Real* dlogits, const Real* probs, const int* targets, Real dloss, std::size_t B,
+                                   std::size_t T, std::size_t V) {
+#pragma omp parallel for collapse(2)
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      Real* dlogits_bt = dlogits + (b * T + t) * V;
+      const Real* probs_bt = probs + (b * T + t) * V;
+      const std::size_t target = static_cast<std::size_t>(targets[b * T + t]);
+      for (std::size_t i = 0; i < V; ++i) {
+        const Real indicator = i == target ? Real(1) : Real(0);
+        dlogits_bt[i] += (probs_bt[i] - indicator) * dloss;
+      }
+    }
+}
+
+template <class Real>
+void zero(std::vector<Real>& buffer) {
+  std::fill(buffer.begin(), buffer.end(), Real(0));
+}
+
+}  // namespace kernels
+
+// ----------------------------------------------------------------------------------------------------------------
+// Forward steps
+
+/// Step "embed": acts.encoded = wte[tokens] + wpe. tokens: (B, T) token ids in [0, V).
+template <class Real>
+void embed_forward(const Real* wte, const Real* wpe, const int* tokens, activations<Real>& acts) {
+  kernels::check_tokens(tokens, acts.B * acts.T, acts.V, "tokens");
+  kernels::encoder_forward(acts.encoded.data(), tokens, wte, wpe, acts.B, acts.T, acts.C);
+}
+
+/// Step "h.<layer>": one transformer block on the residual stream (acts.encoded for layer 0, else the output of
+/// layer - 1), writing the layer's slice of every per-layer activation.
+template <class Real>
+void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<Real>& acts) {
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, NH = acts.NH;
+  const std::size_t BT = B * T, BTC = B * T * C, l = layer;
+  const Real* residual = l == 0 ? acts.encoded.data() : acts.residual3.data() + (l - 1) * BTC;
+  Real* ln1 = acts.ln1.data() + l * BTC;
+  Real* ln1_mean = acts.ln1_mean.data() + l * BT;
+  Real* ln1_rstd = acts.ln1_rstd.data() + l * BT;
+  Real* qkv = acts.qkv.data() + l * BTC * 3;
+  Real* atty = acts.atty.data() + l * BTC;
+  Real* preatt = acts.preatt.data() + l * B * NH * T * T;
+  Real* att = acts.att.data() + l * B * NH * T * T;
+  Real* attproj = acts.attproj.data() + l * BTC;
+  Real* residual2 = acts.residual2.data() + l * BTC;
+  Real* ln2 = acts.ln2.data() + l * BTC;
+  Real* ln2_mean = acts.ln2_mean.data() + l * BT;
+  Real* ln2_rstd = acts.ln2_rstd.data() + l * BT;
+  Real* fch = acts.fch.data() + l * BTC * 4;
+  Real* fch_gelu = acts.fch_gelu.data() + l * BTC * 4;
+  Real* fcproj = acts.fcproj.data() + l * BTC;
+  Real* residual3 = acts.residual3.data() + l * BTC;
+
+  using namespace kernels;
+  layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], B, T, C);
+  matmul_forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], B, T, C, 3 * C);
+  attention_forward(atty, preatt, att, qkv, B, T, C, NH);
+  matmul_forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], B, T, C, C);
+  residual_forward(residual2, residual, attproj, BTC);
+  layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], B, T, C);
+  matmul_forward(fch, ln2, p[mlp_c_fc_weight], p[mlp_c_fc_bias], B, T, C, 4 * C);
+  gelu_forward(fch_gelu, fch, BTC * 4);
+  matmul_forward(fcproj, fch_gelu, p[mlp_c_proj_weight], p[mlp_c_proj_bias], B, T, 4 * C, C);
+  residual_forward(residual3, residual2, fcproj, BTC);
+}
+
+/// Step "head": final LayerNorm, logits = lnf @ wte^T (the tied LM head), softmax, cross-entropy against targets
+/// (B, T). Returns the mean loss over the B*T positions (summed in double).
+template <class Real>
+Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wte, const int* targets,
+                  activations<Real>& acts) {
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V;
+  kernels::check_tokens(targets, B * T, V, "targets");
+  const Real* residual = acts.residual3.data() + (acts.L - 1) * B * T * C;
+  using namespace kernels;
+  layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual, ln_f_weight, ln_f_bias, B,
+                    T, C);
+  matmul_forward(acts.logits.data(), acts.lnf.data(), wte, static_cast<const Real*>(nullptr), B, T, C, V);
+  softmax_forward(acts.probs.data(), acts.logits.data(), B, T, V);
+  crossentropy_forward(acts.losses.data(), acts.probs.data(), targets, B, T, V);
+  double sum = 0;
+  for (const Real loss : acts.losses) sum += static_cast<double>(loss);
+  return static_cast<Real>(sum / static_cast<double>(B * T));
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Backward steps (after the forward steps of the same batch; gradients of parameters accumulate)
+
+/// Step "head", backward: from the mean loss back to acts.dresidual's slice L; accumulates into the gradients of
+/// ln_f.weight, ln_f.bias and wte (the head's share of the tied embedding).
+template <class Real>
+void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight, Real* d_ln_f_bias, Real* d_wte,
+                   const int* targets, activations<Real>& acts) {
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V, BTC = B * T * C;
+  using namespace kernels;
+  check_tokens(targets, B * T, V, "targets");
+  zero(acts.dlogits);
+  zero(acts.dlnf);
+  Real* dresidual = acts.dresidual.data() + acts.L * BTC;
+  std::fill(dresidual, dresidual + BTC, Real(0));
+  const Real* residual = acts.residual3.data() + (acts.L - 1) * BTC;
+
+  const Real dloss = Real(1) / Real(B * T);
+  crossentropy_softmax_backward(acts.dlogits.data(), acts.probs.data(), targets, dloss, B, T, V);
+  matmul_backward(acts.dlnf.data(), d_wte, static_cast<Real*>(nullptr), acts.dlogits.data(), acts.lnf.data(), wte, B,
+                  T, C, V);
+  layernorm_backward(dresidual, d_ln_f_weight, d_ln_f_bias, acts.dlnf.data(), residual, ln_f_weight,
+                     acts.lnf_mean.data(), acts.lnf_rstd.data(), B, T, C);
+}
+
+/// Step "h.<layer>", backward: from acts.dresidual's slice layer + 1 (the gradient of the layer's output) to slice
+/// layer (its input); accumulates into the layer's 12 gradients.
+template <class Real>
+void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_grads<Real>& g,
+                    activations<Real>& acts) {
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, NH = acts.NH;
+  const std::size_t BT = B * T, BTC = B * T * C, l = layer;
+  const Real* residual = l == 0 ? acts.encoded.data() : acts.residual3.data() + (l - 1) * BTC;
+  const Real* ln1 = acts.ln1.data() + l * BTC;
+  const Real* ln1_mean = acts.ln1_mean.data() + l * BT;
+  const Real* ln1_rstd = acts.ln1_rstd.data() + l * BT;
+  const Real* qkv = acts.qkv.data() + l * BTC * 3;
+  const Real* atty = acts.atty.data() + l * BTC;
+  const Real* att = acts.att.data() + l * B * NH * T * T;
+  const Real* residual2 = acts.residual2.data() + l * BTC;
+  const Real* ln2 = acts.ln2.data() + l * BTC;
+  const Real* ln2_mean = acts.ln2_mean.data() + l * BT;
+  const Real* ln2_rstd = acts.ln2_rstd.data() + l * BT;
+  const Real* fch = acts.fch.data() + l * BTC * 4;
+  const Real* fch_gelu = acts.fch_gelu.data() + l * BTC * 4;
+  const Real* dresidual3 = acts.dresidual.data() + (l + 1) * BTC;  // d(output of this layer)
+  Real* dresidual = acts.dresidual.data() + l * BTC;               // d(input of this layer)
+
+  using namespace kernels;
+  for (auto* buffer : {&acts.dln1, &acts.dqkv, &acts.datty, &acts.dpreatt, &acts.datt, &acts.dattproj,
+                       &acts.dresidual2, &acts.dln2, &acts.dfch, &acts.dfch_gelu, &acts.dfcproj})
+    zero(*buffer);
+  std::fill(dresidual, dresidual + BTC, Real(0));
+
+  // The forward of layer_forward, undone in reverse.
+  residual_backward(acts.dresidual2.data(), acts.dfcproj.data(), dresidual3, BTC);
+  matmul_backward(acts.dfch_gelu.data(), g[mlp_c_proj_weight], g[mlp_c_proj_bias], acts.dfcproj.data(), fch_gelu,
+                  p[mlp_c_proj_weight], B, T, 4 * C, C);
+  gelu_backward(acts.dfch.data(), fch, acts.dfch_gelu.data(), BTC * 4);
+  matmul_backward(acts.dln2.data(), g[mlp_c_fc_weight], g[mlp_c_fc_bias], acts.dfch.data(), ln2, p[mlp_c_fc_weight],
+                  B, T, C, 4 * C);
+  layernorm_backward(acts.dresidual2.data(), g[ln_2_weight], g[ln_2_bias], acts.dln2.data(), residual2,
+                     p[ln_2_weight], ln2_mean, ln2_rstd, B, T, C);
+  residual_backward(dresidual, acts.dattproj.data(), acts.dresidual2.data(), BTC);
+  matmul_backward(acts.datty.data(), g[attn_c_proj_weight], g[attn_c_proj_bias], acts.dattproj.data(), atty,
+                  p[attn_c_proj_weight], B, T, C, C);
+  attention_backward(acts.dqkv.data(), acts.dpreatt.data(), acts.datt.data(), acts.datty.data(), qkv, att, B, T, C,
+                     NH);
+  matmul_backward(acts.dln1.data(), g[attn_c_attn_weight], g[attn_c_attn_bias], acts.dqkv.data(), ln1,
+                  p[attn_c_attn_weight], B, T, C, 3 * C);
+  layernorm_backward(dresidual, g[ln_1_weight], g[ln_1_bias], acts.dln1.data(), residual, p[ln_1_weight], ln1_mean,
+                     ln1_rstd, B, T, C);
+}
+
+/// Step "embed", backward: accumulates acts.dresidual's slice 0 into the gradients of wte (the embedding's share
+/// of the tied tensor) and wpe.
+template <class Real>
+void embed_backward(Real* d_wte, Real* d_wpe, const int* tokens, activations<Real>& acts) {
+  kernels::check_tokens(tokens, acts.B * acts.T, acts.V, "tokens");
+  kernels::encoder_backward(d_wte, d_wpe, acts.dresidual.data(), tokens, acts.B, acts.T, acts.C);
+}
+
+}  // namespace gpt2
