@@ -15,9 +15,8 @@ struct cached {
                 "device; use `resident` to keep every chunk there)");
   using home_space = Tier;
   static constexpr std::size_t staging_buffers = StagingBuffers;
-  static constexpr std::string_view name = std::same_as<Tier, space::nvme>          ? "cached<nvme>"
-                                           : std::same_as<Tier, space::pinned_host> ? "cached<pinned_host>"
-                                                                                    : "cached<host>";
+  static constexpr std::string_view name =
+      detail::by_space<Tier>("cached<nvme>", "cached<pinned_host>", "cached<host>");
   static constexpr bool uses_device_cache = true;
 
   /// More blocks than chunks buys nothing: the cache holds at most every chunk.

@@ -18,9 +18,8 @@ struct split {
   using home_space = Tier;
   static constexpr std::size_t stream_blocks = StreamBlocks;
   static constexpr std::size_t staging_buffers = StagingBuffers;
-  static constexpr std::string_view name = std::same_as<Tier, space::nvme>          ? "split<nvme>"
-                                           : std::same_as<Tier, space::pinned_host> ? "split<pinned_host>"
-                                                                                    : "split<host>";
+  static constexpr std::string_view name =
+      detail::by_space<Tier>("split<nvme>", "split<pinned_host>", "split<host>");
   static constexpr bool uses_device_cache = true;
 
   /// Resident chunks; fewer than StreamBlocks + 1 blocks leave none resident (all blocks stream).

@@ -40,9 +40,8 @@ struct optimizer_follows_home {
 template <class Space = space::pinned_host>
 struct optimizer_offload {
   using offload_space = Space;
-  static constexpr std::string_view name = std::same_as<Space, space::nvme>          ? "offload<nvme>"
-                                           : std::same_as<Space, space::pinned_host> ? "offload<pinned_host>"
-                                                                                     : "offload<host>";
+  static constexpr std::string_view name =
+      detail::by_space<Space>("offload<nvme>", "offload<pinned_host>", "offload<host>");
   static constexpr double min_offload_fraction = 1.0;
   static constexpr double max_offload_fraction = 1.0;
 };
@@ -50,9 +49,7 @@ struct optimizer_offload {
 template <class Space = space::pinned_host>
 struct optimizer_auto {
   using offload_space = Space;
-  static constexpr std::string_view name = std::same_as<Space, space::nvme>          ? "auto<nvme>"
-                                           : std::same_as<Space, space::pinned_host> ? "auto<pinned_host>"
-                                                                                     : "auto<host>";
+  static constexpr std::string_view name = detail::by_space<Space>("auto<nvme>", "auto<pinned_host>", "auto<host>");
   static constexpr double min_offload_fraction = 0.0;
   static constexpr double max_offload_fraction = 1.0;
 };

@@ -106,10 +106,7 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
 }
 
 inline model_profile load_model_profile(const std::filesystem::path& file) {
-  std::string quoted = "'";  // built by appending: GCC 12 warns falsely (-Wrestrict) on "'" + std::string
-  quoted += file.string();
-  quoted += "'";
-  return model_profile_from_json(detail::parse_json_text(read_file(file), quoted), file.string());
+  return model_profile_from_json(detail::parse_json_file(file), file.string());
 }
 
 inline void save_model_profile(const model_profile& model, const std::filesystem::path& file) {

@@ -110,10 +110,7 @@ inline machine_profile machine_profile_from_json(const nlohmann::json& document,
 }
 
 inline machine_profile load_machine_profile(const std::filesystem::path& file) {
-  std::string quoted = "'";
-  quoted += file.string();
-  quoted += "'";
-  return machine_profile_from_json(detail::parse_json_text(read_file(file), quoted), file.string());
+  return machine_profile_from_json(detail::parse_json_file(file), file.string());
 }
 
 inline void save_machine_profile(const machine_profile& machine, const std::filesystem::path& file) {

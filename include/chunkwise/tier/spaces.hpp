@@ -2,6 +2,7 @@
 // Memory spaces: where chunk bytes can live. Empty tags (like Kokkos::HostSpace / Kokkos::CudaHostPinnedSpace) that
 // placement policies name without pulling in any tier implementation or backend: `cached<space::nvme>`.
 #include <string_view>
+#include <type_traits>
 
 namespace chunkwise::space {
 
@@ -21,6 +22,16 @@ struct nvme {
 }  // namespace chunkwise::space
 
 namespace chunkwise {
+
+namespace detail {
+/// One of three spellings chosen by a home space: policy names stay compile-time strings ("cached<nvme>").
+template <class Space>
+constexpr std::string_view by_space(std::string_view nvme, std::string_view pinned_host, std::string_view host) {
+  if constexpr (std::is_same_v<Space, space::nvme>) return nvme;
+  else if constexpr (std::is_same_v<Space, space::pinned_host>) return pinned_host;
+  else return host;
+}
+}  // namespace detail
 
 /// True for the four spaces above; a placement policy's home tier must be one of them.
 template <class Space>

@@ -1,10 +1,12 @@
 #pragma once
 // Typed field access on nlohmann::json with errors that name the field's path ("profile.tensors[3].elements").
+#include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/error.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -62,6 +64,14 @@ inline nlohmann::json parse_json_text(std::string_view text, const std::string& 
   } catch (const nlohmann::json::parse_error& e) {
     raise(error_code::parse_error, source + " is not valid JSON: " + e.what());
   }
+}
+
+/// The JSON document in `file`; errors name the file.
+inline nlohmann::json parse_json_file(const std::filesystem::path& file) {
+  std::string quoted = "'";  // built by appending: GCC 12 warns falsely (-Wrestrict) on "'" + std::string
+  quoted += file.string();
+  quoted += "'";
+  return parse_json_text(read_file(file), quoted);
 }
 
 }  // namespace chunkwise::detail
