@@ -1,0 +1,237 @@
+#pragma once
+// runtime<Plan, Comm>: executes a plan's chunk life cycle for a trainer, on the host backend.
+//
+// The trainer runs the profiled steps in order; around each it calls acquire(step) / release(step) and reads
+// parameter(t) / gradient(t) of the step's tensors in between, then calls step(lr) once per iteration:
+//   acquire   gathers the step's chunks where the collective shards parameters (all-gather of the home shards into
+//             the full chunk), counts the use;
+//   release   after a chunk's last backward use its gradients are complete: they are reduced (all-reduce or
+//             reduce-scatter, averaging over ranks) while the trainer goes on; a sharded chunk's gathered copy is
+//             dropped after forward use (ZeRO-3 gathers again for backward);
+//   step      waits for the reductions, runs AdamW (the SIMD CPU kernel) on each chunk's owned elements, and
+//             publishes the update (ZeRO-2 all-gathers the updated shards).
+// Every chunk moves through chunk_state's checked life cycle; statistics() sums the transitions.
+//
+// This first runtime executes resident placements with their optimizer states on the device (the host backend's
+// device is host memory): plans with a host or NVMe home, and optimizer offload, need the device cache and the
+// transfer engine wired in, and are rejected at compile time with a message saying so.
+#include <chunkwise/collective/chunk_collectives.hpp>
+#include <chunkwise/collective/concepts.hpp>
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/optim/cpu_adam.hpp>
+#include <chunkwise/placement/resident.hpp>
+#include <chunkwise/plan/optimizer_execution.hpp>
+#include <chunkwise/plan/plan.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/runtime/chunk_state.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace chunkwise {
+
+struct runtime_options {
+  optim::adam_config adam{};
+  unsigned optimizer_threads = 1;
+  byte_count alignment = 256;
+};
+
+/// Fills a tensor's initial values: (tensor index, its elements).
+using tensor_initializer = std::function<void(std::uint32_t, std::span<float>)>;
+
+template <class Plan, communicator Comm>
+class runtime {
+  using collective = typename Plan::collective;
+  static_assert(std::is_same_v<typename Plan::placement, resident>,
+                "runtime: this build executes resident placements only; cached<> and split<> homes need the device "
+                "cache and transfer engine wired into the runtime (issue 7)");
+  static_assert(std::is_same_v<typename Plan::optimizer, optimizer_follows_home>,
+                "runtime: optimizer offload is not wired into the runtime yet (issue 7); use optimizer_follows_home");
+
+ public:
+  runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
+      : model_(model),
+        ops_(collective::bind(comm)),
+        map_(Plan::layout::build(model, {static_cast<std::uint32_t>(comm.size()), options.alignment})),
+        adam_(options.adam, {.threads = options.optimizer_threads}) {
+    validate(model_);
+    for (const auto& t : model_.tensors)
+      if (t.type != dtype::fp32)
+        detail::raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " +
+                                                   std::string(to_string(t.type)) +
+                                                   "; this runtime holds fp32 parameters (mixed precision comes with "
+                                                   "the optimizer's working copies)");
+    last_backward_.assign(map_.chunks.size(), no_step);
+    for (std::size_t s = 0; s < model_.steps.size(); ++s)
+      if (model_.steps[s].kind == step_kind::backward)
+        for (const auto c : chunks_of(s)) last_backward_[c] = s;
+    std::vector<float> staging;
+    for (std::uint32_t c = 0; c < map_.chunks.size(); ++c) {
+      const std::size_t n = map_.chunks[c].capacity / sizeof(float);
+      chunk_buffers b;
+      b.index = c;
+      b.elements = n;
+      b.owned = ops_.template owned<float>(n);
+      b.life = chunk_life(c);
+      const std::size_t full = ops_.template full_elements<float>(n);
+      // The whole chunk, initialised tensor by tensor; this rank keeps its home part.
+      staging.assign(full, 0.0f);
+      for (const auto& slot : map_.chunks[c].slots)
+        initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
+      if constexpr (collective::shards_parameters) {
+        b.home.assign(staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset),
+                      staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset + b.owned.elements));
+        b.full.assign(full, 0.0f);
+      } else {
+        b.home = staging;
+        b.life = chunk_life(c, chunk_state::ready);
+      }
+      b.gradient.assign(full, 0.0f);
+      b.owned_gradient.assign(b.owned.elements, 0.0f);
+      b.moment1.assign(b.owned.elements, 0.0f);
+      b.moment2.assign(b.owned.elements, 0.0f);
+      chunks_.push_back(std::move(b));
+    }
+  }
+
+  [[nodiscard]] const chunk_map& layout() const noexcept { return map_; }
+
+  void acquire(std::size_t step) {
+    check_step(step, "acquire");
+    for (const auto c : chunks_of(step)) {
+      auto& b = chunks_[c];
+      if (b.life.state() == chunk_state::released) {
+        b.life.start_fetch();
+        ops_.template gather_params<float>(b.home, b.full).wait();
+        b.life.arrived();
+      }
+      b.life.acquire();
+    }
+  }
+
+  void release(std::size_t step) {
+    check_step(step, "release");
+    const bool backward = model_.steps[step].kind == step_kind::backward;
+    for (const auto c : chunks_of(step)) {
+      auto& b = chunks_[c];
+      const bool gradients_complete = backward && last_backward_[c] == step && b.life.users() == 1;
+      b.life.release(gradients_complete);
+      if (gradients_complete) {
+        b.reduction = ops_.template reduce_grads<float>(b.gradient, b.owned_gradient, reduce_op::average);
+      } else if (collective::shards_parameters && b.life.state() == chunk_state::ready && !backward) {
+        b.life.evict();  // ZeRO-3: the gathered copy is dropped after forward; backward gathers again
+      }
+    }
+  }
+
+  /// The parameters of tensor t: valid between acquire and release of a step that touches it.
+  std::span<float> parameter(std::uint32_t tensor) { return view(tensor, compute_parameters(chunk_of(tensor))); }
+  /// Its gradient accumulator (the trainer adds into it).
+  std::span<float> gradient(std::uint32_t tensor) { return view(tensor, chunks_[chunk_of(tensor)].gradient.data()); }
+
+  void zero_grad() {
+    for (auto& b : chunks_) std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
+  }
+
+  /// One AdamW update of every chunk with learning rate lr, after the iteration's last release.
+  void step(float lr) {
+    ++steps_;
+    for (auto& b : chunks_) {
+      if (b.life.state() != chunk_state::grad_pending)
+        detail::raise(error_code::illegal_state,
+                      "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
+                          ", not grad_pending: run every backward step (acquire and release) before step()");
+      b.reduction.wait();
+      b.life.reduced();
+      const std::span<float> owned = ops_.template owned_params<float>(std::span<float>(b.home));
+      const optim::chunk_state state{owned.data(), b.owned_gradient.data(), dtype::fp32, b.moment1.data(),
+                                     b.moment2.data(), nullptr, dtype::fp32, b.owned.valid};
+      adam_.step(state, {.lr = lr, .step = steps_});
+      ops_.template publish_update<float>(std::span<float>(b.home)).wait();
+      b.life.updated(/*on_device=*/!collective::shards_parameters);
+    }
+  }
+
+  /// A copy of tensor t's current parameters. A collective call for plans that shard parameters: every rank calls it,
+  /// for the same tensors in the same order.
+  std::vector<float> read_parameters(std::uint32_t tensor) {
+    auto& b = chunks_[chunk_of(tensor)];
+    const float* base = b.home.data();
+    std::vector<float> gathered;
+    if constexpr (collective::shards_parameters) {
+      gathered.assign(b.full.size(), 0.0f);
+      ops_.template gather_params<float>(b.home, gathered).wait();
+      base = gathered.data();
+    }
+    const std::size_t first = map_.locations[tensor].offset / sizeof(float);
+    return {base + first, base + first + model_.tensors[tensor].elements};
+  }
+
+  [[nodiscard]] chunk_statistics statistics() const {
+    chunk_statistics total;
+    for (const auto& b : chunks_) total += b.life.statistics();
+    return total;
+  }
+
+ private:
+  static constexpr std::size_t no_step = ~std::size_t{0};
+
+  struct chunk_buffers {
+    std::uint32_t index = 0;
+    std::size_t elements = 0;
+    shard_range owned;
+    chunk_life life{0};
+    std::vector<float> home, full, gradient, owned_gradient, moment1, moment2;
+    pending<Comm> reduction;
+  };
+
+  std::vector<std::uint32_t> chunks_of(std::size_t step) const {
+    std::vector<std::uint32_t> chunks;
+    for (const auto t : model_.steps[step].tensors) {
+      const auto c = map_.locations[t].chunk;
+      if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
+    }
+    return chunks;
+  }
+  std::uint32_t chunk_of(std::uint32_t tensor) const {
+    if (tensor >= model_.tensors.size())
+      detail::raise(error_code::invalid_argument, "runtime: tensor " + std::to_string(tensor) + " of " +
+                                                      std::to_string(model_.tensors.size()));
+    return map_.locations[tensor].chunk;
+  }
+  float* compute_parameters(std::uint32_t c) {
+    auto& b = chunks_[c];
+    if (b.life.state() != chunk_state::in_use)
+      detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(c) + " read while " +
+                                                   std::string(to_string(b.life.state())) +
+                                                   "; acquire a step that uses it first");
+    return collective::shards_parameters ? b.full.data() : b.home.data();
+  }
+  std::span<float> view(std::uint32_t tensor, float* chunk_base) const {
+    return {chunk_base + map_.locations[tensor].offset / sizeof(float), model_.tensors[tensor].elements};
+  }
+  void check_step(std::size_t step, const char* call) const {
+    if (step >= model_.steps.size())
+      detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": step " + std::to_string(step) +
+                                                      " of a profile with " + std::to_string(model_.steps.size()) +
+                                                      " steps");
+  }
+
+  model_profile model_;
+  chunk_collectives<collective, Comm> ops_;
+  chunk_map map_;
+  optim::cpu_adam adam_;
+  std::vector<chunk_buffers> chunks_;
+  std::vector<std::size_t> last_backward_;
+  std::uint64_t steps_ = 0;
+};
+
+}  // namespace chunkwise

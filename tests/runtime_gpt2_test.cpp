@@ -1,0 +1,228 @@
+// The runtime trains the example GPT-2 under every resident plan on 1, 2 and 4 thread ranks to the same parameters
+// as the plain reference trainer on the whole batch (the maths are the same functions; ranks average gradients).
+#include <chunkwise/collective.hpp>
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/layout.hpp>
+#include <chunkwise/plan/plan.hpp>
+#include <chunkwise/profile/gpt2.hpp>
+#include <chunkwise/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include "data_loader.hpp"
+#include "gpt2_model.hpp"
+#include "reference_trainer.hpp"
+
+#include <cmath>
+#include <string>
+#include <thread>
+
+using namespace chunkwise;
+
+namespace {
+
+gpt2::model_config tiny(std::size_t batch) {
+  gpt2::model_config config;
+  config.vocab = 256;
+  config.context = 16;
+  config.channels = 32;
+  config.heads = 4;
+  config.layers = 2;
+  config.batch = batch;
+  return config;
+}
+
+/// One profiled step of GPT-2 on the runtime's chunk memory: the same step functions the reference trainer calls.
+template <class Runtime>
+float run_step(Runtime& rt, const profile_step& step, const gpt2::model_config& config, gpt2::activations<float>& acts,
+               const int* tokens, const int* targets) {
+  const auto p = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
+  const auto g = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
+  const std::string label(step.label.view());
+  const bool forward = step.kind == step_kind::forward;
+  const std::size_t lnf_w = gpt2::ln_f_weight_index(config), lnf_b = gpt2::ln_f_bias_index(config);
+  if (label == "embed") {
+    if (forward) gpt2::embed_forward<float>(p(gpt2::wte_index), p(gpt2::wpe_index), tokens, acts);
+    else gpt2::embed_backward<float>(g(gpt2::wte_index), g(gpt2::wpe_index), tokens, acts);
+    return 0;
+  }
+  if (label == "head") {
+    if (forward) return gpt2::head_forward<float>(p(lnf_w), p(lnf_b), p(gpt2::wte_index), targets, acts);
+    gpt2::head_backward<float>(p(lnf_w), p(gpt2::wte_index), g(lnf_w), g(lnf_b), g(gpt2::wte_index), targets, acts);
+    return 0;
+  }
+  const std::size_t layer = std::stoul(label.substr(2));
+  gpt2::layer_params<float> params;
+  gpt2::layer_grads<float> grads;
+  for (std::size_t t = 0; t < gpt2::layer_tensor_count; ++t) {
+    const auto index = gpt2::layer_tensor_index(layer, static_cast<gpt2::layer_tensor>(t));
+    params.tensor[t] = p(index);
+    grads.tensor[t] = g(index);
+  }
+  if (forward) gpt2::layer_forward<float>(layer, params, acts);
+  else gpt2::layer_backward<float>(layer, params, grads, acts);
+  return 0;
+}
+
+constexpr std::uint64_t seed = 11;
+constexpr int steps = 3;
+constexpr float lr = 1e-3f;
+
+/// Trains `ranks` thread ranks under Plan for `steps` steps; returns rank 0's parameters per tensor and the
+/// transition statistics of rank 0.
+template <class Plan>
+std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks) {
+  const auto config = tiny(1);
+  const auto model = gpt2_profile(gpt2::profile_config(config));
+  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks),
+                           config.context, seed);
+  std::vector<std::vector<int>> tokens, targets;
+  for (int s = 0; s < steps; ++s) {
+    loader.next_batch();
+    tokens.emplace_back(loader.tokens().begin(), loader.tokens().end());
+    targets.emplace_back(loader.targets().begin(), loader.targets().end());
+  }
+  thread_world world(ranks, std::chrono::milliseconds(20'000));
+  std::vector<std::vector<float>> result(model.tensors.size());
+  chunk_statistics statistics;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.comm(r);
+        const auto tensors = gpt2::parameter_tensors(config);
+        runtime<Plan, thread_comm> rt(model, comm, [&](std::uint32_t t, std::span<float> values) {
+          gpt2::init_parameter(config, tensors[t].name, values, seed);
+        });
+        gpt2::activations<float> acts(config);
+        const std::size_t window = config.context;
+        for (int s = 0; s < steps; ++s) {
+          const int* my_tokens = tokens[static_cast<std::size_t>(s)].data() + static_cast<std::size_t>(r) * window;
+          const int* my_targets = targets[static_cast<std::size_t>(s)].data() + static_cast<std::size_t>(r) * window;
+          rt.zero_grad();
+          for (std::size_t i = 0; i < model.steps.size(); ++i) {
+            rt.acquire(i);
+            run_step(rt, model.steps[i], config, acts, my_tokens, my_targets);
+            rt.release(i);
+          }
+          rt.step(lr);
+        }
+        for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
+          auto values = rt.read_parameters(t);
+          if (r == 0) result[t] = std::move(values);
+        }
+        if (r == 0) statistics = rt.statistics();
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return {result, statistics};
+}
+
+/// The plain trainer (no chunkwise): each rank's micro-batch through the same step functions with its own gradients,
+/// then averaged as the communicator does (fp32 sums in rank order, divided once; hybrid<G>: the mean over groups of
+/// the group means), then the same AdamW.
+std::vector<std::vector<float>> reference(int ranks, int group = 0) {
+  const auto config = tiny(1);
+  gpt2::reference_trainer trainer(config, seed);
+  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks),
+                           config.context, seed);
+  const std::size_t tensors = trainer.tensors().size();
+  const auto average = [](const std::vector<const std::vector<std::vector<float>>*>& parts) {
+    std::vector<std::vector<float>> mean = *parts[0];
+    for (std::size_t q = 1; q < parts.size(); ++q)
+      for (std::size_t t = 0; t < mean.size(); ++t)
+        for (std::size_t i = 0; i < mean[t].size(); ++i) mean[t][i] += (*parts[q])[t][i];
+    for (auto& tensor : mean)
+      for (auto& value : tensor) value /= static_cast<float>(parts.size());
+    return mean;
+  };
+  for (int s = 0; s < steps; ++s) {
+    loader.next_batch();
+    std::vector<std::vector<std::vector<float>>> grads(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      const std::size_t offset = static_cast<std::size_t>(r) * config.context;
+      trainer.zero_gradients();
+      trainer.forward(loader.tokens().data() + offset, loader.targets().data() + offset);
+      trainer.backward(loader.tokens().data() + offset, loader.targets().data() + offset);
+      for (std::size_t t = 0; t < tensors; ++t)
+        grads[static_cast<std::size_t>(r)].emplace_back(trainer.gradient(t).begin(), trainer.gradient(t).end());
+    }
+    std::vector<std::vector<float>> mean;
+    if (group == 0 || group == ranks) {
+      std::vector<const std::vector<std::vector<float>>*> all;
+      for (const auto& g : grads) all.push_back(&g);
+      mean = average(all);
+    } else {
+      std::vector<std::vector<std::vector<float>>> group_means;
+      for (int first = 0; first < ranks; first += group) {
+        std::vector<const std::vector<std::vector<float>>*> members;
+        for (int r = first; r < first + group; ++r) members.push_back(&grads[static_cast<std::size_t>(r)]);
+        group_means.push_back(average(members));
+      }
+      std::vector<const std::vector<std::vector<float>>*> groups;
+      for (const auto& g : group_means) groups.push_back(&g);
+      mean = average(groups);
+    }
+    for (std::size_t t = 0; t < tensors; ++t) std::copy(mean[t].begin(), mean[t].end(), trainer.gradient(t).begin());
+    trainer.update(lr);
+  }
+  std::vector<std::vector<float>> result;
+  for (std::size_t t = 0; t < tensors; ++t) result.emplace_back(trainer.parameter(t).begin(), trainer.parameter(t).end());
+  return result;
+}
+
+/// Every parameter within 1e-5 relative of the reference (1e-7 absolute near zero).
+void check_equal(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& expected) {
+  REQUIRE(got.size() == expected.size());
+  double worst = 0;
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    REQUIRE(got[t].size() == expected[t].size());
+    for (std::size_t i = 0; i < got[t].size(); ++i) {
+      const double a = got[t][i], b = expected[t][i];
+      const double error = std::abs(a - b) / std::max(std::max(std::abs(a), std::abs(b)), 1e-2);
+      worst = std::max(worst, error);
+    }
+  }
+  CAPTURE(worst);
+  CHECK(worst <= 1e-5);
+}
+
+using replicated_plan = plan<layout::min_waste<4 * KiB, 0>, resident, replicated, optimizer_follows_home>;
+using zero2_plan = plan<layout::min_waste<4 * KiB, 0>, resident, shard_grads, optimizer_follows_home>;
+using zero3_plan = plan<layout::min_waste<4 * KiB, 0>, resident, sharded, optimizer_follows_home>;
+using zero3_fixed_plan = plan<layout::fixed<96 * KiB>, resident, sharded, optimizer_follows_home>;
+using hybrid_plan = plan<layout::per_tensor, resident, hybrid<2>, optimizer_follows_home>;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every resident plan trains GPT-2 to the reference's parameters on 1, 2 and 4 ranks", Plan,
+                   replicated_plan, zero2_plan, zero3_plan, zero3_fixed_plan) {
+  for (const int ranks : {1, 2, 4}) {
+    CAPTURE(ranks);
+    CAPTURE(Plan::name());
+    const auto [params, statistics] = train<Plan>(ranks);
+    check_equal(params, reference(ranks));
+    CHECK(statistics.count(chunk_state::in_use, chunk_state::grad_pending) > 0);
+  }
+}
+
+TEST_CASE("a hybrid plan trains GPT-2 to the reference's parameters on 2 and 4 ranks") {
+  for (const int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    check_equal(train<hybrid_plan>(ranks).first, reference(ranks, 2));
+  }
+}
+
+TEST_CASE("ZeRO-3 gathers each chunk for forward and again for backward") {
+  const auto [params, statistics] = train<zero3_plan>(2);
+  const auto fetches = statistics.count(chunk_state::released, chunk_state::fetching);
+  const auto evictions = statistics.count(chunk_state::ready, chunk_state::released);
+  CHECK(fetches > 0);
+  CHECK(evictions > 0);
+  CHECK(statistics.count(chunk_state::reduced, chunk_state::released) == statistics.count(chunk_state::grad_pending, chunk_state::reduced));
+}
