@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include "chunked_trainer.hpp"
 #include "data_loader.hpp"
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
@@ -30,38 +31,6 @@ gpt2::model_config tiny(std::size_t batch) {
   config.layers = 2;
   config.batch = batch;
   return config;
-}
-
-/// One profiled step of GPT-2 on the runtime's chunk memory: the same step functions the reference trainer calls.
-template <class Runtime>
-float run_step(Runtime& rt, const profile_step& step, const gpt2::model_config& config, gpt2::activations<float>& acts,
-               const int* tokens, const int* targets) {
-  const auto p = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
-  const auto g = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
-  const std::string label(step.label.view());
-  const bool forward = step.kind == step_kind::forward;
-  const std::size_t lnf_w = gpt2::ln_f_weight_index(config), lnf_b = gpt2::ln_f_bias_index(config);
-  if (label == "embed") {
-    if (forward) gpt2::embed_forward<float>(p(gpt2::wte_index), p(gpt2::wpe_index), tokens, acts);
-    else gpt2::embed_backward<float>(g(gpt2::wte_index), g(gpt2::wpe_index), tokens, acts);
-    return 0;
-  }
-  if (label == "head") {
-    if (forward) return gpt2::head_forward<float>(p(lnf_w), p(lnf_b), p(gpt2::wte_index), targets, acts);
-    gpt2::head_backward<float>(p(lnf_w), p(gpt2::wte_index), g(lnf_w), g(lnf_b), g(gpt2::wte_index), targets, acts);
-    return 0;
-  }
-  const std::size_t layer = std::stoul(label.substr(2));
-  gpt2::layer_params<float> params;
-  gpt2::layer_grads<float> grads;
-  for (std::size_t t = 0; t < gpt2::layer_tensor_count; ++t) {
-    const auto index = gpt2::layer_tensor_index(layer, static_cast<gpt2::layer_tensor>(t));
-    params.tensor[t] = p(index);
-    grads.tensor[t] = g(index);
-  }
-  if (forward) gpt2::layer_forward<float>(layer, params, acts);
-  else gpt2::layer_backward<float>(layer, params, grads, acts);
-  return 0;
 }
 
 constexpr std::uint64_t seed = 11;
@@ -103,7 +72,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks) {
           rt.zero_grad();
           for (std::size_t i = 0; i < model.steps.size(); ++i) {
             rt.acquire(i);
-            run_step(rt, model.steps[i], config, acts, my_tokens, my_targets);
+            gpt2::run_profile_step(rt, model.steps[i], config, acts, my_tokens, my_targets);
             rt.release(i);
           }
           rt.step(lr);
@@ -225,4 +194,24 @@ TEST_CASE("ZeRO-3 gathers each chunk for forward and again for backward") {
   CHECK(fetches > 0);
   CHECK(evictions > 0);
   CHECK(statistics.count(chunk_state::reduced, chunk_state::released) == statistics.count(chunk_state::grad_pending, chunk_state::reduced));
+}
+
+TEST_CASE("the trainer's dry run against the tracer gives the analytic GPT-2 profile") {
+  for (const std::size_t batch : {1u, 3u}) {
+    const auto config = tiny(batch);
+    const auto traced = gpt2::trace_profile(config);
+    const auto analytic = gpt2_profile(gpt2::profile_config(config));
+    REQUIRE(traced.tensors.size() == analytic.tensors.size());
+    for (std::size_t t = 0; t < traced.tensors.size(); ++t) {
+      CHECK(traced.tensors[t].name == analytic.tensors[t].name);
+      CHECK(traced.tensors[t].elements == analytic.tensors[t].elements);
+      CHECK(traced.tensors[t].tied == analytic.tensors[t].tied);
+    }
+    REQUIRE(traced.steps.size() == analytic.steps.size());
+    for (std::size_t s = 0; s < traced.steps.size(); ++s) {
+      CHECK(traced.steps[s].tensors == analytic.steps[s].tensors);
+      CHECK(traced.steps[s].activation_bytes == analytic.steps[s].activation_bytes);
+      CHECK(traced.steps[s].flops == analytic.steps[s].flops);
+    }
+  }
 }

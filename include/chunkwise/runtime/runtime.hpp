@@ -38,6 +38,14 @@
 
 namespace chunkwise {
 
+/// Bytes this rank's collectives moved into its buffers: gathered parameters, reduced gradients, published updates.
+struct runtime_traffic {
+  byte_count gathered = 0;
+  byte_count reduced = 0;
+  byte_count published = 0;
+  [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published; }
+};
+
 struct runtime_options {
   optim::adam_config adam{};
   unsigned optimizer_threads = 1;
@@ -111,6 +119,7 @@ class runtime {
       if (b.life.state() == chunk_state::released) {
         b.life.start_fetch();
         ops_.template gather_params<float>(b.home, b.full).wait();
+        traffic_.gathered += (b.full.size() - b.home.size()) * sizeof(float);
         b.life.arrived();
       }
       b.life.acquire();
@@ -126,6 +135,7 @@ class runtime {
       b.life.release(gradients_complete);
       if (gradients_complete) {
         b.reduction = ops_.template reduce_grads<float>(b.gradient, b.owned_gradient, reduce_op::average);
+        traffic_.reduced += b.gradient.size() * sizeof(float);
       } else if (collective::shards_parameters && b.life.state() == chunk_state::ready && !backward) {
         b.life.evict();  // ZeRO-3: the gathered copy is dropped after forward; backward gathers again
       }
@@ -156,6 +166,8 @@ class runtime {
                                      b.moment2.data(), nullptr, dtype::fp32, b.owned.valid};
       adam_.step(state, {.lr = lr, .step = steps_});
       ops_.template publish_update<float>(std::span<float>(b.home)).wait();
+      if constexpr (collective::shards_gradients && !collective::shards_parameters)
+        traffic_.published += (b.home.size() - owned.size()) * sizeof(float);
       b.life.updated(/*on_device=*/!collective::shards_parameters);
     }
   }
@@ -174,6 +186,9 @@ class runtime {
     const std::size_t first = map_.locations[tensor].offset / sizeof(float);
     return {base + first, base + first + model_.tensors[tensor].elements};
   }
+
+  [[nodiscard]] const runtime_traffic& traffic() const noexcept { return traffic_; }
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
   [[nodiscard]] chunk_statistics statistics() const {
     chunk_statistics total;
@@ -232,6 +247,7 @@ class runtime {
   std::vector<chunk_buffers> chunks_;
   std::vector<std::size_t> last_backward_;
   std::uint64_t steps_ = 0;
+  runtime_traffic traffic_;
 };
 
 }  // namespace chunkwise

@@ -1,0 +1,119 @@
+#pragma once
+// What the chunkwise trainer adds to the model maths: its dry run against chunkwise's tracer (the model profile),
+// one profiled step on chunk memory (the same step functions the reference trainer calls), and the plans it can run.
+#include <chunkwise/collective.hpp>
+#include <chunkwise/layout.hpp>
+#include <chunkwise/placement/resident.hpp>
+#include <chunkwise/plan/optimizer_execution.hpp>
+#include <chunkwise/plan/plan.hpp>
+#include <chunkwise/profile/tracer.hpp>
+
+#include "gpt2_model.hpp"
+
+#include <string>
+
+namespace gpt2 {
+
+/// The plans the runtime executes today (resident placements; see runtime/runtime.hpp).
+using trainable_plans =
+    chunkwise::plan_set<chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
+                                        chunkwise::replicated, chunkwise::optimizer_follows_home>,
+                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
+                                        chunkwise::shard_grads, chunkwise::optimizer_follows_home>,
+                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
+                                        chunkwise::sharded, chunkwise::optimizer_follows_home>,
+                        chunkwise::plan<chunkwise::layout::per_tensor, chunkwise::resident, chunkwise::sharded,
+                                        chunkwise::optimizer_follows_home>>;
+
+/// The model profile from a dry run of the training loop against the tracer: the same registrations and step order
+/// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.
+inline chunkwise::model_profile trace_profile(const model_config& config) {
+  using namespace chunkwise;
+  tracer trace("gpt2-example");
+  std::vector<tensor_handle> handles;
+  for (const auto& tensor : parameter_tensors(config))
+    handles.push_back(trace.register_tensor(tensor.name, tensor.elements, {dtype::fp32, tensor_role::parameter,
+                                                                           tensor.name == "wte"}));
+  const std::uint64_t B = config.batch, T = config.context, C = config.channels, V = config.vocab, H = config.heads;
+  const byte_count f = sizeof(float);
+  const byte_count layer_bytes = (B * T * (18 * C + 4) + 2 * B * H * T * T) * f;
+  const std::uint64_t layer_flops = 2 * B * T * 12 * C * C + 4 * B * T * T * C, head_flops = 2 * B * T * C * V;
+  const auto touch_layer = [&](std::size_t l) {
+    for (std::size_t t = 0; t < layer_tensor_count; ++t)
+      trace.touch(handles[layer_tensor_index(l, static_cast<layer_tensor>(t))]);
+  };
+  const auto lnf_w = handles[ln_f_weight_index(config)], lnf_b = handles[ln_f_bias_index(config)];
+  trace.begin_step("embed", step_kind::forward);
+  trace.touch(handles[wte_index]);
+  trace.touch(handles[wpe_index]);
+  const auto encoded = trace.allocate_activation(B * T * C * f);
+  trace.end_step();
+  std::vector<activation_handle> saved;
+  for (std::size_t l = 0; l < config.layers; ++l) {
+    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::forward);
+    touch_layer(l);
+    saved.push_back(trace.allocate_activation(layer_bytes));
+    trace.add_flops(layer_flops);
+    trace.end_step();
+  }
+  trace.begin_step("head", step_kind::forward);
+  for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
+  const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * f);
+  trace.add_flops(head_flops);
+  trace.end_step();
+  trace.begin_step("head", step_kind::backward);
+  for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
+  trace.free_activation(trace.allocate_activation(B * T * V * f));
+  trace.free_activation(head);
+  trace.add_flops(2 * head_flops);
+  trace.end_step();
+  for (std::size_t l = config.layers; l-- > 0;) {
+    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::backward);
+    touch_layer(l);
+    trace.free_activation(trace.allocate_activation(layer_bytes));
+    trace.free_activation(saved[l]);
+    trace.add_flops(2 * layer_flops);
+    trace.end_step();
+  }
+  trace.begin_step("embed", step_kind::backward);
+  trace.touch(handles[wte_index]);
+  trace.touch(handles[wpe_index]);
+  trace.free_activation(trace.allocate_activation(B * T * C * f));
+  trace.free_activation(encoded);
+  trace.end_step();
+  return trace.profile();
+}
+
+/// One profiled step (embed, h.<l> or head; forward or backward) on the runtime's chunk memory.
+template <class Runtime>
+float run_profile_step(Runtime& rt, const chunkwise::profile_step& step, const model_config& config,
+                       activations<float>& acts, const int* tokens, const int* targets) {
+  const auto p = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
+  const auto g = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
+  const std::string label(step.label.view());
+  const bool forward = step.kind == chunkwise::step_kind::forward;
+  const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
+  if (label == "embed") {
+    if (forward) embed_forward<float>(p(wte_index), p(wpe_index), tokens, acts);
+    else embed_backward<float>(g(wte_index), g(wpe_index), tokens, acts);
+    return 0;
+  }
+  if (label == "head") {
+    if (forward) return head_forward<float>(p(lnf_w), p(lnf_b), p(wte_index), targets, acts);
+    head_backward<float>(p(lnf_w), p(wte_index), g(lnf_w), g(lnf_b), g(wte_index), targets, acts);
+    return 0;
+  }
+  const std::size_t layer = std::stoul(label.substr(2));
+  layer_params<float> params;
+  layer_grads<float> grads;
+  for (std::size_t t = 0; t < layer_tensor_count; ++t) {
+    const auto index = layer_tensor_index(layer, static_cast<layer_tensor>(t));
+    params.tensor[t] = p(index);
+    grads.tensor[t] = g(index);
+  }
+  if (forward) layer_forward<float>(layer, params, acts);
+  else layer_backward<float>(layer, params, grads, acts);
+  return 0;
+}
+
+}  // namespace gpt2

@@ -1,0 +1,217 @@
+// train_gpt2: a small GPT-2 trained on the CPU with every parameter, gradient and optimizer state in chunkwise.
+//
+// It profiles itself (a dry run of its loop against chunkwise's tracer), measures this machine or loads its cached
+// profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks under that
+// plan with a progress line per step. Flags:
+//   --steps N (200)  --ranks N (1)  --plan NAME  --device-budget BYTES  --lr X (1e-3)  --seed N
+//   --layers N (2) --channels N (64) --heads N (4) --context N (64) --batch N (4, per rank)  --data FILE
+//   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/plan/dispatch.hpp>
+#include <chunkwise/plan/explain.hpp>
+#include <chunkwise/plan/search.hpp>
+#include <chunkwise/profile/measure.hpp>
+#include <chunkwise/runtime/runtime.hpp>
+
+#include "chunked_trainer.hpp"
+#include "data_loader.hpp"
+#include "gpt2_model.hpp"
+#include "reference_trainer.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace chunkwise;
+
+struct options {
+  gpt2::model_config model{256, 64, 64, 4, 2, 4};
+  std::size_t steps = 200;
+  int ranks = 1;
+  std::string plan;
+  byte_count device_budget = 0;
+  float lr = 1e-3f;
+  std::uint64_t seed = 1337;
+  std::string data = gpt2::default_data_file;
+  std::string measure_cache;
+  std::size_t eval_every = 50;
+};
+
+std::size_t count_flag(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || text[0] == '-' || value == 0)
+    detail::raise(error_code::invalid_argument, flag + " expects a positive integer, got '" + text + "'");
+  return value;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    const auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) detail::raise(error_code::invalid_argument, flag + " needs a value");
+      return args[++i];
+    };
+    if (flag == "--steps") o.steps = count_flag(flag, value());
+    else if (flag == "--ranks") o.ranks = static_cast<int>(count_flag(flag, value()));
+    else if (flag == "--plan") o.plan = value();
+    else if (flag == "--device-budget") o.device_budget = parse_bytes(value());
+    else if (flag == "--lr") o.lr = std::stof(value());
+    else if (flag == "--seed") o.seed = count_flag(flag, value());
+    else if (flag == "--layers") o.model.layers = count_flag(flag, value());
+    else if (flag == "--channels") o.model.channels = count_flag(flag, value());
+    else if (flag == "--heads") o.model.heads = count_flag(flag, value());
+    else if (flag == "--context") o.model.context = count_flag(flag, value());
+    else if (flag == "--batch") o.model.batch = count_flag(flag, value());
+    else if (flag == "--data") o.data = value();
+    else if (flag == "--measure-cache") o.measure_cache = value();
+    else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
+    else if (flag == "--help" || flag == "-h") {
+      std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
+      std::exit(0);
+    } else {
+      detail::raise(error_code::invalid_argument, "unknown option '" + flag + "'; see --help");
+    }
+  }
+  if (o.ranks > 64) detail::raise(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
+  gpt2::validate(o.model);
+  return o;
+}
+
+/// Trains under Plan: one thread per rank, rank r on the r-th sequences of each global batch.
+template <class Plan>
+void train(const options& o, const model_profile& model) {
+  const auto& config = o.model;
+  const std::size_t global_batch = config.batch * static_cast<std::size_t>(o.ranks);
+  gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed);
+  gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed);
+  thread_world world(o.ranks);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
+  std::vector<float> losses(static_cast<std::size_t>(o.ranks));
+  std::vector<std::thread> threads;
+  // Batches are drawn by rank 0 between two barriers, so every rank sees the same global batch.
+  std::vector<int> tokens, targets;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < o.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.comm(r);
+        const auto tensors = gpt2::parameter_tensors(config);
+        runtime<Plan, thread_comm> rt(model, comm, [&](std::uint32_t t, std::span<float> values) {
+          gpt2::init_parameter(config, tensors[t].name, values, o.seed);
+        });
+        gpt2::activations<float> acts(config);
+        const std::size_t rows = config.batch * config.context, first = static_cast<std::size_t>(r) * rows;
+        const auto mean_loss = [&](float loss) {  // the global batch's loss: the mean over ranks
+          float all = loss;
+          comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
+          return all;
+        };
+        const auto run = [&](bool backward) {
+          float loss = 0;
+          for (std::size_t s = 0; s < model.steps.size(); ++s) {
+            if (!backward && model.steps[s].kind == step_kind::backward) break;
+            rt.acquire(s);
+            const float step_loss =
+                gpt2::run_profile_step(rt, model.steps[s], config, acts, tokens.data() + first, targets.data() + first);
+            if (model.steps[s].label.view() == "head" && model.steps[s].kind == step_kind::forward) loss = step_loss;
+            rt.release(s);
+          }
+          return loss;
+        };
+        for (std::size_t step = 1; step <= o.steps; ++step) {
+          comm.barrier().wait();
+          if (r == 0) {
+            train_data.next_batch();
+            tokens.assign(train_data.tokens().begin(), train_data.tokens().end());
+            targets.assign(train_data.targets().begin(), train_data.targets().end());
+          }
+          comm.barrier().wait();
+          rt.zero_grad();
+          const float loss = mean_loss(run(true));
+          rt.step(o.lr);
+          if (r == 0) {
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            const double tokens_per_second = static_cast<double>(step * global_batch * config.context) / seconds;
+            std::printf("step %4zu/%zu  loss %.4f  %.0f tokens/s  moved %s (rank 0)\n", step, o.steps, loss,
+                        tokens_per_second, format_bytes(rt.traffic().total()).c_str());
+            std::fflush(stdout);
+          }
+          if (step % o.eval_every == 0 || step == o.steps) {
+            // Validation: the forward steps only, after the update (chunks go back to ready or released).
+            comm.barrier().wait();
+            if (r == 0) {
+              validation_data.reset();
+              validation_data.next_batch();
+              tokens.assign(validation_data.tokens().begin(), validation_data.tokens().end());
+              targets.assign(validation_data.targets().begin(), validation_data.targets().end());
+            }
+            comm.barrier().wait();
+            const float validation = mean_loss(run(false));
+            if (r == 0) std::printf("           validation loss %.4f\n", validation);
+            losses[static_cast<std::size_t>(r)] = validation;
+          }
+        }
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse(argc, argv);
+    const model_profile model = gpt2::trace_profile(o.model);
+    std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, context %zu, batch %zu per rank: %llu "
+                "parameters, %zu tensors, %zu steps (traced)\n",
+                o.model.layers, o.model.channels, o.model.heads, o.model.context, o.model.batch,
+                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.steps.size());
+    std::filesystem::path cache = o.measure_cache;
+    if (cache.empty()) {
+      const char* home = std::getenv("HOME");
+      cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
+    }
+    const machine_profile machine = measure_or_load<host_backend>(
+        cache, {.device_memory = o.device_budget, .ranks = static_cast<std::uint32_t>(o.ranks)});
+    const auto plans = evaluate<gpt2::trainable_plans>(model, machine);
+    std::size_t chosen = 0;
+    if (!o.plan.empty()) {
+      chosen = find_plan<gpt2::trainable_plans>(o.plan);
+      if (!plans[chosen].feasible)
+        detail::raise(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
+                                                     format_bytes(plans[chosen].needed) + " of " +
+                                                     std::string(to_string(plans[chosen].limit)) + ", the machine has " +
+                                                     format_bytes(plans[chosen].available));
+    } else {
+      chosen = choose<gpt2::trainable_plans>(model, machine).index;
+    }
+    std::printf("\nplans (host backend, %d thread rank(s), device budget %s per rank):\n%s\n", o.ranks,
+                format_bytes(machine.device_memory).c_str(),
+                explain_table<gpt2::trainable_plans>(plans, chosen).c_str());
+    std::printf("training with %s%s\n\n", gpt2::trainable_plans::names()[chosen].c_str(),
+                o.plan.empty() ? " (chosen)" : " (forced by --plan)");
+    dispatch<gpt2::trainable_plans>(chosen, [&]<class Plan>(std::type_identity<Plan>) { train<Plan>(o, model); });
+    return 0;
+  } catch (const chunkwise::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}
