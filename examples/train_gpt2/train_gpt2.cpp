@@ -6,6 +6,7 @@
 //   --steps N (200)  --ranks N (1)  --plan NAME  --device-budget BYTES  --lr X (1e-3)  --seed N
 //   --layers N (2) --channels N (64) --heads N (4) --context N (64) --batch N (4, per rank)  --data FILE
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
+//   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
@@ -41,6 +42,8 @@ struct options {
   std::string data = gpt2::default_data_file;
   std::string measure_cache;
   std::size_t eval_every = 50;
+  std::string checkpoint;
+  bool resume = false;
 };
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
@@ -79,6 +82,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--data") o.data = value();
     else if (flag == "--measure-cache") o.measure_cache = value();
     else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
+    else if (flag == "--checkpoint") o.checkpoint = value();
+    else if (flag == "--resume") o.resume = true;
     else if (flag == "--help" || flag == "-h") {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
@@ -87,6 +92,8 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.ranks > 64) detail::raise(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
+  if (o.resume && o.checkpoint.empty())
+    detail::raise(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
   gpt2::validate(o.model);
   return o;
 }
@@ -114,6 +121,15 @@ void train(const options& o, const model_profile& model) {
           gpt2::init_parameter(config, tensors[t].name, values, o.seed);
         });
         gpt2::activations<float> acts(config);
+        std::size_t first_step = 1;
+        if (o.resume) {
+          rt.load_checkpoint(o.checkpoint);
+          first_step = rt.steps() + 1;
+          if (r == 0) {
+            for (std::size_t skipped = 1; skipped < first_step; ++skipped) train_data.next_batch();
+            std::printf("resumed from %s after step %zu\n", o.checkpoint.c_str(), first_step - 1);
+          }
+        }
         const std::size_t rows = config.batch * config.context, first = static_cast<std::size_t>(r) * rows;
         const auto mean_loss = [&](float loss) {  // the global batch's loss: the mean over ranks
           float all = loss;
@@ -132,7 +148,7 @@ void train(const options& o, const model_profile& model) {
           }
           return loss;
         };
-        for (std::size_t step = 1; step <= o.steps; ++step) {
+        for (std::size_t step = first_step; step <= o.steps; ++step) {
           comm.barrier().wait();
           if (r == 0) {
             train_data.next_batch();
@@ -145,7 +161,8 @@ void train(const options& o, const model_profile& model) {
           rt.step(o.lr);
           if (r == 0) {
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            const double tokens_per_second = static_cast<double>(step * global_batch * config.context) / seconds;
+            const double tokens_per_second =
+                static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
             std::printf("step %4zu/%zu  loss %.4f  %.0f tokens/s  moved %s (rank 0)\n", step, o.steps, loss,
                         tokens_per_second, format_bytes(rt.traffic().total()).c_str());
             std::fflush(stdout);
@@ -163,6 +180,10 @@ void train(const options& o, const model_profile& model) {
             const float validation = mean_loss(run(false));
             if (r == 0) std::printf("           validation loss %.4f\n", validation);
             losses[static_cast<std::size_t>(r)] = validation;
+            if (!o.checkpoint.empty()) {
+              rt.save_checkpoint(o.checkpoint);
+              if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
+            }
           }
         }
       } catch (...) {

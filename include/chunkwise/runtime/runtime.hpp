@@ -25,10 +25,15 @@
 #include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
+#include <chunkwise/tier/checksum.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <span>
@@ -67,6 +72,7 @@ class runtime {
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
       : model_(model),
+        comm_(&comm),
         ops_(collective::bind(comm)),
         map_(Plan::layout::build(model, {static_cast<std::uint32_t>(comm.size()), options.alignment})),
         adam_(options.adam, {.threads = options.optimizer_threads}) {
@@ -187,6 +193,46 @@ class runtime {
     return {base + first, base + first + model_.tensors[tensor].elements};
   }
 
+  // ---- checkpoints ----
+  // One file per rank, <directory>/rank-<r>-of-<N>.chunkwise: a header (magic, format version, the model's name and a
+  // hash of its tensor list, the plan's name, ranks, rank, step count), then per chunk this rank's home parameters
+  // and owned Adam moments, and a CRC-32C over everything before it. Written to a temporary file, fsynced and renamed.
+  // Loading checks all of it and says which part does not match; it changes nothing unless everything does.
+
+  /// Saves this rank's shard of the training state. Call between steps (after step()).
+  void save_checkpoint(const std::filesystem::path& directory) const {
+    std::string bytes = checkpoint_header();
+    for (const auto& b : chunks_) {
+      append(bytes, b.home);
+      append(bytes, b.moment1);
+      append(bytes, b.moment2);
+    }
+    const std::uint32_t crc = crc32c(bytes.data(), bytes.size());
+    bytes.append(reinterpret_cast<const char*>(&crc), sizeof crc);
+    std::filesystem::create_directories(directory);
+    write_file_atomically(checkpoint_file(directory), bytes);
+  }
+
+  /// Restores what save_checkpoint wrote for this rank with the same model, plan and rank count. A collective call:
+  /// the ranks agree on the outcome, so a shard that one rank cannot load fails every rank (never a hang).
+  void load_checkpoint(const std::filesystem::path& directory) {
+    std::exception_ptr failure;
+    try {
+      load_checkpoint_shard(directory);
+    } catch (const error&) {
+      failure = std::current_exception();
+    }
+    const float failed = failure ? 1.0f : 0.0f;
+    float failures = 0.0f;
+    comm_->all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum).wait();
+    if (failure) std::rethrow_exception(failure);
+    if (failures > 0.0f)
+      detail::raise(error_code::io_error, "checkpoint '" + directory.string() + "': " +
+                                              std::to_string(static_cast<int>(failures)) +
+                                              " other rank(s) could not load their shard (their errors say why); "
+                                              "nothing was restored");
+  }
+
   [[nodiscard]] const runtime_traffic& traffic() const noexcept { return traffic_; }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
@@ -197,6 +243,49 @@ class runtime {
   }
 
  private:
+  void load_checkpoint_shard(const std::filesystem::path& directory) {
+    const auto file = checkpoint_file(directory);
+    if (!std::filesystem::exists(file)) {
+      std::string found;
+      if (std::filesystem::is_directory(directory))
+        for (const auto& entry : std::filesystem::directory_iterator(directory))
+          found += (found.empty() ? "" : ", ") + entry.path().filename().string();
+      detail::raise(error_code::io_error, "checkpoint: no '" + file.filename().string() + "' in '" + directory.string() +
+                                              "' (found: " + (found.empty() ? "nothing" : found) +
+                                              "); a checkpoint loads with the rank count it was saved with");
+    }
+    const std::string bytes = read_file(file);
+    const std::string expected = checkpoint_header();
+    std::size_t body = 0;
+    for (const auto& b : chunks_) body += (b.home.size() + b.moment1.size() + b.moment2.size()) * sizeof(float);
+    if (bytes.size() < sizeof(std::uint32_t) || bytes.compare(0, 8, expected, 0, 8) != 0)
+      detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' is not a chunkwise checkpoint of this version");
+    std::uint32_t stored_crc = 0;
+    std::memcpy(&stored_crc, bytes.data() + bytes.size() - sizeof stored_crc, sizeof stored_crc);
+    if (crc32c(bytes.data(), bytes.size() - sizeof stored_crc) != stored_crc)
+      detail::raise(error_code::parse_error, "checkpoint '" + file.string() +
+                                                 "' is corrupted or truncated: its checksum does not match");
+    if (bytes.compare(0, expected.size() - sizeof(std::uint64_t), expected, 0, expected.size() - sizeof(std::uint64_t)) != 0)
+      detail::raise(error_code::invalid_argument,
+                    "checkpoint '" + file.string() + "' was saved for another model, plan or rank count (this run: " +
+                        model_.name.str() + ", " + Plan::name() + ", " + std::to_string(ops_.ranks()) + " ranks)");
+    if (bytes.size() != expected.size() + body + sizeof stored_crc)
+      detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' has " + std::to_string(bytes.size()) +
+                                                 " bytes; this model and plan need " +
+                                                 std::to_string(expected.size() + body + sizeof stored_crc));
+    std::uint64_t steps = 0;
+    std::memcpy(&steps, bytes.data() + expected.size() - sizeof steps, sizeof steps);
+    std::size_t at = expected.size();
+    for (auto& b : chunks_) {
+      for (auto* buffer : {&b.home, &b.moment1, &b.moment2}) {
+        std::memcpy(buffer->data(), bytes.data() + at, buffer->size() * sizeof(float));
+        at += buffer->size() * sizeof(float);
+      }
+      b.life = chunk_life(b.index, collective::shards_parameters ? chunk_state::released : chunk_state::ready);
+    }
+    steps_ = steps;
+  }
+
   static constexpr std::size_t no_step = ~std::size_t{0};
 
   struct chunk_buffers {
@@ -240,7 +329,29 @@ class runtime {
                                                       " steps");
   }
 
+  std::filesystem::path checkpoint_file(const std::filesystem::path& directory) const {
+    return directory / ("rank-" + std::to_string(ops_.rank()) + "-of-" + std::to_string(ops_.ranks()) + ".chunkwise");
+  }
+  /// Magic and version (8 bytes), then what must match to load, then the step count (the last 8 bytes).
+  std::string checkpoint_header() const {
+    std::string header = "CHKWCK01";
+    std::uint64_t tensor_hash = 1469598103934665603ull;  // FNV-1a over names and element counts
+    for (const auto& t : model_.tensors) {
+      for (const char c : t.name.view()) tensor_hash = (tensor_hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      tensor_hash = (tensor_hash ^ t.elements) * 1099511628211ull;
+    }
+    header += model_.name.str() + '\0' + Plan::name() + '\0';
+    const std::uint64_t fields[] = {tensor_hash, static_cast<std::uint64_t>(ops_.ranks()),
+                                    static_cast<std::uint64_t>(ops_.rank()), steps_};
+    header.append(reinterpret_cast<const char*>(fields), sizeof fields);
+    return header;
+  }
+  static void append(std::string& bytes, const std::vector<float>& values) {
+    bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  }
+
   model_profile model_;
+  Comm* comm_;
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   optim::cpu_adam adam_;
