@@ -210,6 +210,17 @@ TEST_CASE("unreadable or malformed profile files are errors that name the file")
   std::filesystem::remove_all(dir);
 }
 
+// Found by tests/fuzz/fuzz_model_profile and fuzz_machine_profile: a number beyond double's range makes
+// nlohmann's parser throw out_of_range, not parse_error, and it escaped the loaders.
+TEST_CASE("a number beyond double's range is a parse error that names the file, not a JSON library exception") {
+  const auto dir = temp_dir();
+  const auto huge = dir / "huge.json";
+  std::ofstream(huge) << R"({"format": "chunkwise.model_profile", "version": 1e400})";
+  CHECK_THROWS_WITH_AS(load_model_profile(huge), doctest::Contains("huge.json' is not valid JSON"), error);
+  CHECK_THROWS_WITH_AS(load_machine_profile(huge), doctest::Contains("huge.json' is not valid JSON"), error);
+  std::filesystem::remove_all(dir);
+}
+
 namespace {
 /// A GPT-2 training loop's skeleton run against the tracer: the same registrations, touches and activation
 /// allocations a trainer in the style of llm.c makes, with no tensor memory.
