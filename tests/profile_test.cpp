@@ -221,6 +221,21 @@ TEST_CASE("a number beyond double's range is a parse error that names the file, 
   std::filesystem::remove_all(dir);
 }
 
+// Found by tests/fuzz/fuzz_layout: elements * dtype size wrapped around 64 bits, so a loaded profile passed validate()
+// with a tiny byte count and per_tensor built a chunk of capacity 0 for it.
+TEST_CASE("validate rejects tensors whose byte count would overflow, one by one or in all") {
+  auto wraps = tiny_model();
+  wraps.tensors[1].elements = (std::uint64_t{1} << 63) + 1;  // * 2 bytes wraps to 2
+  CHECK_THROWS_WITH_AS(validate(wraps), doctest::Contains("tensor #1 'b' has 9223372036854775809 elements of 2 bytes"),
+                       error);
+  auto in_all = tiny_model();
+  in_all.tensors[0].elements = (max_profile_bytes - 40 - 60) / 4;  // with b's 40 and c's 60 bytes: the limit exactly
+  CHECK_NOTHROW(validate(in_all));
+  in_all.tensors[2].elements = 31;  // one fp16 more than the limit in all
+  CHECK_THROWS_WITH_AS(validate(in_all), doctest::Contains("tensor #2 'c'"), error);
+  CHECK_THROWS_WITH_AS(validate(in_all), doctest::Contains("at most 64.00 PiB"), error);
+}
+
 namespace {
 /// A GPT-2 training loop's skeleton run against the tracer: the same registrations, touches and activation
 /// allocations a trainer in the style of llm.c makes, with no tensor memory.
