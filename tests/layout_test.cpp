@@ -228,3 +228,13 @@ TEST_CASE("min_waste_range rejects knobs beyond the most a profile can hold inst
   CHECK(found.best >= widest.lowest);
   CHECK(found.best <= widest.highest);
 }
+
+// Found by tests/fuzz/fuzz_layout: ranks * alignment wrapped around 64 bits (3 ranks, alignment 2^63 gave a
+// granule of 2^63), so chunks were not divisible into equal shards.
+TEST_CASE("layout options whose granule would exceed 1 TiB are rejected instead of wrapping") {
+  const auto model = gpt2_profile(gpt2_124m);
+  CHECK_THROWS_WITH_AS(layout::per_tensor::build(model, {.ranks = 3, .alignment = byte_count{1} << 63}),
+                       doctest::Contains("exceeds the 1 TiB limit on the chunk granule"), error);
+  CHECK_THROWS_AS(layout::min_waste<>::search(model, {.ranks = 1024, .alignment = 2 * GiB}), error);
+  CHECK_NOTHROW(validate(layout_options{.ranks = 1024, .alignment = 1 * GiB}));  // exactly 1 TiB
+}
