@@ -410,3 +410,20 @@ TEST_CASE("flash attention drops the score matrices and recompute keeps only lay
   CHECK(gpt_20b.recompute);
   CHECK(gpt_20b.type == dtype::bf16);
 }
+
+// Found by tests/fuzz/fuzz_machine_profile: interpolating as a + t * (b - a) cancelled when a dwarfs b, so a curve
+// loaded with 2e57 then 3e9 bytes/s answered 0 at the measured 3e9 point (and a cost model divides by it).
+TEST_CASE("bandwidth curves are exact at measured sizes and stay between neighbours however far apart they are") {
+  bandwidth_curve curve;
+  curve.add(4 * KiB, 1e9);
+  curve.add(32 * KiB, 2e57);
+  curve.add(256 * KiB, 3e9);
+  CHECK(curve.at(4 * KiB) == 1e9);
+  CHECK(curve.at(32 * KiB) == 2e57);
+  CHECK(curve.at(256 * KiB) == 3e9);
+  for (byte_count m = 32 * KiB; m <= 256 * KiB; m += 4 * KiB) {
+    CAPTURE(m);
+    CHECK(curve.at(m) >= 3e9);
+    CHECK(curve.at(m) <= 2e57);
+  }
+}
