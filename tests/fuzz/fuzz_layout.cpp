@@ -93,10 +93,13 @@ void check_map(const model_profile& model, const layout_options& options, const 
       CHUNKWISE_FUZZ_CHECK(!t.tied || (chunk.tied && chunk.slots.size() == 1), s + "tied tensor not alone");
       CHUNKWISE_FUZZ_CHECK(map.locations[slot.tensor].chunk == c && map.locations[slot.tensor].offset == slot.offset,
                            s + "location disagrees with the slot");
-      tensor_bytes += slot.bytes;
+      tensor_bytes += slot.bytes;  // cannot wrap: validate() bounds the profile's bytes
     }
   }
   CHUNKWISE_FUZZ_CHECK(next_tensor == model.tensors.size(), at + "not every tensor is placed");
+  byte_count total = 0;
+  for (const auto& chunk : map.chunks)
+    CHUNKWISE_FUZZ_CHECK(!__builtin_add_overflow(total, chunk.capacity, &total), at + "total capacity overflows");
   const auto summary = map.summary();
   CHUNKWISE_FUZZ_CHECK(summary.tensor_bytes == tensor_bytes && summary.waste == summary.total_bytes - tensor_bytes &&
                            summary.chunk_count == map.chunks.size(),
@@ -158,7 +161,8 @@ void check_search(const model_profile& model, const layout_options& options, con
                        at + "reported chunk count or waste differs from the packed map");
   if ((found.highest - found.lowest) / found.step >= 2000) return;
   byte_count best = 0, waste = ~byte_count{0};
-  for (byte_count s = found.lowest; s <= found.highest; s += found.step) {
+  for (byte_count j = 0; j <= (found.highest - found.lowest) / found.step; ++j) {
+    const byte_count s = found.lowest + j * found.step;
     const auto w = next_fit_waste(model, options, s);
     if (w < waste) {
       waste = w;
@@ -191,19 +195,25 @@ void check_min_waste(const model_profile& model, const layout_options& options, 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider input(data, size);
   layout_options options;
-  options.ranks = input.ConsumeIntegralInRange<std::uint32_t>(1, 8);
-  options.alignment = byte_count{1} << input.ConsumeIntegralInRange(0, 12);
+  // Mostly what machines use (1..8 ranks, alignment up to 4 KiB), sometimes anything the options type holds.
+  const bool wide = input.ConsumeIntegralInRange(0, 15) == 0;
+  options.ranks = wide ? input.ConsumeIntegral<std::uint32_t>() : input.ConsumeIntegralInRange<std::uint32_t>(1, 8);
+  options.alignment = byte_count{1} << input.ConsumeIntegralInRange(0, wide ? 63 : 12);
   // Knobs of the run-time search: mostly modest, sometimes any 64-bit value.
   const auto knob = [&](byte_count modest) {
-    return input.ConsumeIntegralInRange(0, 7) == 0 ? input.ConsumeIntegral<byte_count>()
-                                                   : input.ConsumeIntegralInRange<byte_count>(0, modest);
+    switch (input.ConsumeIntegralInRange(0, 7)) {
+      case 0: return input.ConsumeIntegral<byte_count>();  // mostly beyond max_profile_bytes: must be rejected
+      case 1: return input.ConsumeIntegralInRange<byte_count>(0, byte_count{1} << 48);
+      default: return input.ConsumeIntegralInRange<byte_count>(0, modest);
+    }
   };
   const auto search_range = knob(1u << 20);
   const auto min_chunk = knob(1u << 20);
   const auto max_chunk = input.ConsumeBool() ? 0 : knob(1u << 24);
   const model_profile model = model_from(input);
 
-  const bool valid = fuzz::accepted([&] { validate(model); }, "validate(model)");
+  const bool valid = fuzz::accepted([&] { validate(model); }, "validate(model)") &&
+                     fuzz::accepted([&] { validate(options); }, "validate(options)");
 
   chunk_map map;
   if (run([&] { map = layout::per_tensor::build(model, options); }, !valid, "per_tensor::build")) {

@@ -6,10 +6,12 @@
 #include <chunkwise/profile/machine_json.hpp>
 #include <chunkwise/profile/machine_profile.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -60,6 +62,18 @@ void check_curve(const chunkwise::bandwidth_curve& curve, const char* which) {
     const double value = curve.at(m);
     CHUNKWISE_FUZZ_CHECK(std::isfinite(value) && value > 0,
                          std::string(which) + ".at(" + std::to_string(m) + ") = " + std::to_string(value));
+  }
+  // Exact at the measured sizes, and between the neighbours' values in between.
+  for (std::uint32_t i = 0; i < curve.count; ++i) {
+    const auto& b = curve.points[i];
+    CHUNKWISE_FUZZ_CHECK(curve.at(b.message_bytes) == b.bytes_per_second,
+                         std::string(which) + ": not exact at measured size " + std::to_string(b.message_bytes));
+    if (i == 0) continue;
+    const auto& a = curve.points[i - 1];
+    const double mid = curve.at(a.message_bytes + (b.message_bytes - a.message_bytes) / 2);
+    CHUNKWISE_FUZZ_CHECK(mid >= std::min(a.bytes_per_second, b.bytes_per_second) &&
+                             mid <= std::max(a.bytes_per_second, b.bytes_per_second),
+                         std::string(which) + ": interpolation leaves its segment");
   }
 }
 
