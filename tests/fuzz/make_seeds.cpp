@@ -3,6 +3,7 @@
 // Model seeds: GPT-2 124M and a small hand-made profile (defaults omitted, tied tensor, two steps).
 // Machine seeds: described machines and a host machine with multi-point collective curves.
 // Layout seeds: fixed pseudo-random byte strings (the layout target reads any bytes as a tensor list).
+// The regress_* seeds are not written here: they are inputs that found bugs, kept so every run replays them.
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/profile/json.hpp>
 #include <chunkwise/profile/machine_json.hpp>
