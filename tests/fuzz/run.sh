@@ -13,7 +13,10 @@ cxx="${CXX:-clang++}"
 build="${FUZZ_BUILD_DIR:-$root/build/fuzz}"
 targets=(fuzz_model_profile fuzz_machine_profile fuzz_layout)
 
-case "$seconds" in '' | *[!0-9]*) echo "run.sh: seconds must be a whole number, got '$seconds'" >&2; exit 2 ;; esac
+if [[ ! "$seconds" =~ ^[0-9]+$ ]] || (( 10#$seconds == 0 )); then
+  echo "run.sh: seconds must be a positive whole number (0 would fuzz forever), got '$seconds'" >&2
+  exit 2
+fi
 if ! "$cxx" --version 2>/dev/null | grep -q clang; then
   echo "run.sh: $cxx is not clang (libFuzzer needs clang++; set CXX)" >&2
   exit 2
@@ -32,6 +35,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/chunkwise-fuzz.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
 artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
@@ -47,7 +51,7 @@ for t in "${targets[@]}"; do
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      "$build/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        "${dict[@]}" -artifact_prefix="$artifacts/$t-" "$corpus" >"$log" 2>&1; then
-    grep -E '^(stat::number_of_executed_units|Done )' "$log" | tr '\n' ' '; echo
+    { grep -E '^(stat::number_of_executed_units|Done )' "$log" || true; } | tr '\n' ' '; echo
   else
     status=1
     echo "!! $t found a problem; log tail:"
@@ -56,5 +60,4 @@ for t in "${targets[@]}"; do
     echo "!! reproduce with: $build/$t <reproducer>"
   fi
 done
-rm -rf "$work"
 exit "$status"
