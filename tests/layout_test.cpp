@@ -212,3 +212,29 @@ TEST_CASE("a capped min_waste search stays at or below its maximum chunk") {
   CHECK(capped.best <= 160 * MiB);
   CHECK(capped.best >= model.largest_tensor_bytes());
 }
+
+// Found by tests/fuzz/fuzz_layout: a search range or minimum chunk near 2^64 wrapped the range's end (and the
+// rounding of its start), so the search answered a capacity outside its own range.
+TEST_CASE("min_waste_range rejects knobs beyond the most a profile can hold instead of wrapping") {
+  const auto model = gpt2_profile(gpt2_124m);
+  const layout_options options{.ranks = 4};
+  CHECK_THROWS_WITH_AS(layout::min_waste_range(model, options, ~byte_count{0}, 0, 0),
+                       doctest::Contains("must each be at most 64.00 PiB"), error);
+  CHECK_THROWS_WITH_AS(layout::min_waste_range(model, options, 64 * MiB, ~byte_count{0} - 100, 0),
+                       doctest::Contains("minimum chunk"), error);
+  const auto widest = layout::min_waste_range(model, options, max_profile_bytes, max_profile_bytes, 0);
+  CHECK(widest.highest > widest.lowest);
+  const auto found = layout::search_min_waste(model, options, widest);
+  CHECK(found.best >= widest.lowest);
+  CHECK(found.best <= widest.highest);
+}
+
+// Found by tests/fuzz/fuzz_layout: ranks * alignment wrapped around 64 bits (3 ranks, alignment 2^63 gave a
+// granule of 2^63), so chunks were not divisible into equal shards.
+TEST_CASE("layout options whose granule would exceed 1 TiB are rejected instead of wrapping") {
+  const auto model = gpt2_profile(gpt2_124m);
+  CHECK_THROWS_WITH_AS(layout::per_tensor::build(model, {.ranks = 3, .alignment = byte_count{1} << 63}),
+                       doctest::Contains("exceeds the 1 TiB limit on the chunk granule"), error);
+  CHECK_THROWS_AS(layout::min_waste<>::search(model, {.ranks = 1024, .alignment = 2 * GiB}), error);
+  CHECK_NOTHROW(validate(layout_options{.ranks = 1024, .alignment = 1 * GiB}));  // exactly 1 TiB
+}

@@ -210,6 +210,32 @@ TEST_CASE("unreadable or malformed profile files are errors that name the file")
   std::filesystem::remove_all(dir);
 }
 
+// Found by tests/fuzz/fuzz_model_profile and fuzz_machine_profile: a number beyond double's range makes
+// nlohmann's parser throw out_of_range, not parse_error, and it escaped the loaders.
+TEST_CASE("a number beyond double's range is a parse error that names the file, not a JSON library exception") {
+  const auto dir = temp_dir();
+  const auto huge = dir / "huge.json";
+  std::ofstream(huge) << R"({"format": "chunkwise.model_profile", "version": 1e400})";
+  CHECK_THROWS_WITH_AS(load_model_profile(huge), doctest::Contains("huge.json' is not valid JSON"), error);
+  CHECK_THROWS_WITH_AS(load_machine_profile(huge), doctest::Contains("huge.json' is not valid JSON"), error);
+  std::filesystem::remove_all(dir);
+}
+
+// Found by tests/fuzz/fuzz_layout: elements * dtype size wrapped around 64 bits, so a loaded profile passed validate()
+// with a tiny byte count and per_tensor built a chunk of capacity 0 for it.
+TEST_CASE("validate rejects tensors whose byte count would overflow, one by one or in all") {
+  auto wraps = tiny_model();
+  wraps.tensors[1].elements = (std::uint64_t{1} << 63) + 1;  // * 2 bytes wraps to 2
+  CHECK_THROWS_WITH_AS(validate(wraps), doctest::Contains("tensor #1 'b' has 9223372036854775809 elements of 2 bytes"),
+                       error);
+  auto in_all = tiny_model();
+  in_all.tensors[0].elements = (max_profile_bytes - 40 - 60) / 4;  // with b's 40 and c's 60 bytes: the limit exactly
+  CHECK_NOTHROW(validate(in_all));
+  in_all.tensors[2].elements = 31;  // one fp16 more than the limit in all
+  CHECK_THROWS_WITH_AS(validate(in_all), doctest::Contains("tensor #2 'c'"), error);
+  CHECK_THROWS_WITH_AS(validate(in_all), doctest::Contains("at most 64.00 PiB"), error);
+}
+
 namespace {
 /// A GPT-2 training loop's skeleton run against the tracer: the same registrations, touches and activation
 /// allocations a trainer in the style of llm.c makes, with no tensor memory.
@@ -383,4 +409,21 @@ TEST_CASE("flash attention drops the score matrices and recompute keeps only lay
   CHECK(gpt2_profile(gpt2_124m).peak_activation_bytes() > model.peak_activation_bytes() + L * (full_layer - B * T * C * 4) / 2);
   CHECK(gpt_20b.recompute);
   CHECK(gpt_20b.type == dtype::bf16);
+}
+
+// Found by tests/fuzz/fuzz_machine_profile: interpolating as a + t * (b - a) cancelled when a dwarfs b, so a curve
+// loaded with 2e57 then 3e9 bytes/s answered 0 at the measured 3e9 point (and a cost model divides by it).
+TEST_CASE("bandwidth curves are exact at measured sizes and stay between neighbours however far apart they are") {
+  bandwidth_curve curve;
+  curve.add(4 * KiB, 1e9);
+  curve.add(32 * KiB, 2e57);
+  curve.add(256 * KiB, 3e9);
+  CHECK(curve.at(4 * KiB) == 1e9);
+  CHECK(curve.at(32 * KiB) == 2e57);
+  CHECK(curve.at(256 * KiB) == 3e9);
+  for (byte_count m = 32 * KiB; m <= 256 * KiB; m += 4 * KiB) {
+    CAPTURE(m);
+    CHECK(curve.at(m) >= 3e9);
+    CHECK(curve.at(m) <= 2e57);
+  }
 }

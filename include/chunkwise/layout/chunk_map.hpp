@@ -24,6 +24,14 @@ constexpr void validate(const layout_options& options) {
   if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0)
     detail::raise(error_code::invalid_argument, "layout options: alignment " + std::to_string(options.alignment) +
                                                     " is not a power of two; use 256 (the default) or another power of two");
+  // ranks * alignment must not wrap (shards would silently differ in size), and every chunk capacity is at least
+  // this granule, so keep it far below 64 bits: 1 TiB is more than any rank count times any sensible alignment.
+  constexpr byte_count max_granule = byte_count{1} << 40;
+  if (options.alignment > max_granule / options.ranks)
+    detail::raise(error_code::invalid_argument,
+                  "layout options: " + std::to_string(options.ranks) + " ranks times alignment " +
+                      std::to_string(options.alignment) + " exceeds the 1 TiB limit on the chunk granule; " +
+                      "use a smaller alignment");
 }
 
 struct chunk_slot {

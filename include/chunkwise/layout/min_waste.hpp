@@ -33,9 +33,16 @@ struct chunk_size_search {
   byte_count waste = 0;
 };
 
-/// The search range of min_waste with these knobs (throws when the largest tensor exceeds max_chunk).
+/// The search range of min_waste with these knobs (throws when the largest tensor exceeds max_chunk, or a knob
+/// exceeds max_profile_bytes). Expects a validated model and options.
 constexpr chunk_size_search min_waste_range(const model_profile& model, const layout_options& options,
                                             byte_count search_range, byte_count min_chunk, byte_count max_chunk) {
+  // Knobs beyond the most a profile can hold (validate) are nonsense, and would wrap the rounding and the range's end.
+  if (search_range > max_profile_bytes || min_chunk > max_profile_bytes)
+    chunkwise::detail::raise(error_code::invalid_argument,
+                             "min_waste: search range " + format_bytes(search_range) + " and minimum chunk " +
+                                 format_bytes(min_chunk) + " must each be at most " +
+                                 format_bytes(max_profile_bytes));
   const byte_count step = options.granule();
   const byte_count largest = model.largest_tensor_bytes();
   const byte_count lowest = round_up(largest > min_chunk ? largest : min_chunk, step);
@@ -113,6 +120,8 @@ constexpr chunk_size_search search_min_waste(const model_profile& model, const l
 template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 0>
 struct min_waste {
   static_assert(MaxChunk == 0 || MaxChunk >= MinChunk, "min_waste: MaxChunk must be 0 (none) or >= MinChunk");
+  static_assert(SearchRange <= max_profile_bytes && MinChunk <= max_profile_bytes,
+                "min_waste: SearchRange and MinChunk must each be at most max_profile_bytes (64 PiB)");
   static constexpr std::string_view name = "min_waste";
   static constexpr byte_count search_range = SearchRange;
   static constexpr byte_count min_chunk = MinChunk;

@@ -6,6 +6,7 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/tensor_spec.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -46,7 +47,11 @@ struct bandwidth_curve {
         const auto& b = points[i];
         const double t = static_cast<double>(message_bytes - a.message_bytes) /
                          static_cast<double>(b.message_bytes - a.message_bytes);
-        return a.bytes_per_second + t * (b.bytes_per_second - a.bytes_per_second);
+        // Not a + t * (b - a): that cancels when a dwarfs b (2e57 + (3e9 - 2e57) is 0 at t = 1, a measured size).
+        // This form is exact at both ends; the clamp keeps rounding inside the segment, so the result stays positive.
+        const double value = (1 - t) * a.bytes_per_second + t * b.bytes_per_second;
+        return std::clamp(value, std::min(a.bytes_per_second, b.bytes_per_second),
+                          std::max(a.bytes_per_second, b.bytes_per_second));
       }
     return points[count - 1].bytes_per_second;
   }

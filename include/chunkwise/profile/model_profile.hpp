@@ -70,6 +70,10 @@ struct model_profile {
   }
 };
 
+/// The most tensor bytes a profile may hold, in all (64 PiB): far beyond any machine, and low enough that the
+/// layouts' arithmetic on it (rounding up to a granule, chunk count times capacity) cannot overflow 64 bits.
+inline constexpr byte_count max_profile_bytes = byte_count{1} << 56;
+
 namespace detail {
 [[noreturn]] inline void invalid_profile(const model_profile& model, const std::string& what) {
   raise(error_code::invalid_profile, "model profile '" + model.name.str() + "': " + what);
@@ -78,17 +82,27 @@ namespace detail {
 
 /// Checks what every consumer relies on; throws error_code::invalid_profile naming the offending tensor or step.
 /// - at least one tensor, every tensor with a name and at least one element;
+/// - at most max_profile_bytes of tensors in all (so no tensor's byte count, elements * dtype size, overflows);
 /// - every step index names an existing tensor;
 /// - tensors appear in first-use order: the first touch of tensor i comes no later than the first touch of tensor i+1
 ///   (tensors no step touches may only follow all touched ones).
 constexpr void validate(const model_profile& model) {
   if (model.tensors.empty()) detail::invalid_profile(model, "has no tensors; register at least one tensor");
+  byte_count total = 0;  // <= max_profile_bytes before each addition, so the sum cannot wrap
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     const auto& t = model.tensors[i];
     if (t.name.empty()) detail::invalid_profile(model, "tensor #" + std::to_string(i) + " has no name");
     if (t.elements == 0)
       detail::invalid_profile(model, "tensor #" + std::to_string(i) + " '" + t.name.str() +
                                          "' has zero elements; drop it or give its size");
+    // Checked by division first: elements * size_of(type) itself may wrap (a profile loaded from a file can say
+    // anything), and a wrapped byte count would pass every later check while layouts place garbage.
+    if (t.elements > (max_profile_bytes - total) / size_of(t.type))
+      detail::invalid_profile(model, "tensor #" + std::to_string(i) + " '" + t.name.str() + "' has " +
+                                         std::to_string(t.elements) + " elements of " +
+                                         std::to_string(size_of(t.type)) + " bytes; a profile holds at most " +
+                                         format_bytes(max_profile_bytes) + " of tensors in all");
+    total += t.bytes();
   }
   const auto count = static_cast<std::uint32_t>(model.tensors.size());
   std::uint32_t next_first_use = 0;  // tensors [0, next_first_use) have been touched by earlier steps

@@ -61,7 +61,8 @@ inline const nlohmann::json& json_array(const nlohmann::json& value, const std::
 inline nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number beyond double's range ("1e400") throws out_of_range (406) from the parser.
     raise(error_code::parse_error, source + " is not valid JSON: " + e.what());
   }
 }
