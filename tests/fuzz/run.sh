@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets in tests/fuzz/ with clang++ (ASan + UBSan) and runs each for a bounded time on a
 # copy of its seed corpus. Exits non-zero on any finding (crash, failed check, leak, timeout, out-of-memory) and
 # prints the reproducer. Usage: tests/fuzz/run.sh [seconds per target, default 60]
-# Environment: CXX (default clang++), FUZZ_BUILD_DIR (default build/fuzz), FUZZ_JOBS (parallel builds, default 1).
+# Environment: CXX (default clang++), FUZZ_BUILD_DIR (default build/fuzz), FUZZ_JOBS (parallel builds, default 1),
+# FUZZ_SEED and FUZZ_RUNS (a fixed seed and input count make a run repeatable: what CI uses, so a green run stays
+# green; the time limit still caps it).
 # Reproduce a finding: build/fuzz/<target> <reproducer file>
 set -euo pipefail
 
@@ -45,12 +47,15 @@ for t in "${targets[@]}"; do
   cp "$here/corpus/$t/"* "$corpus/"
   dict=()
   [[ "$t" != fuzz_layout ]] && dict=(-dict="$here/json.dict")
+  repeatable=()
+  [[ -n "${FUZZ_SEED:-}" ]] && repeatable+=(-seed="$FUZZ_SEED")
+  [[ -n "${FUZZ_RUNS:-}" ]] && repeatable+=(-runs="$FUZZ_RUNS")
   echo "== running $t for ${seconds}s"
   log="$work/$t.log"
   # -timeout: one input taking over 10 s is a finding; -rss_limit_mb: so is more than 2 GiB.
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      "$build/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-       "${dict[@]}" -artifact_prefix="$artifacts/$t-" "$corpus" >"$log" 2>&1; then
+       "${dict[@]}" "${repeatable[@]}" -artifact_prefix="$artifacts/$t-" "$corpus" >"$log" 2>&1; then
     { grep -E '^(stat::number_of_executed_units|Done )' "$log" || true; } | tr '\n' ' '; echo
   else
     status=1
