@@ -15,6 +15,7 @@
 #include "reference_trainer.hpp"
 
 #include <cmath>
+#include <optional>
 #include <filesystem>
 #include <unistd.h>
 #include <string>
@@ -46,6 +47,10 @@ struct run_options {
   int skip_batches = 0;        // batches the checkpoint already trained on
   std::string save_to{};       // save a checkpoint after step `save_after`
   int save_after = 0;
+  byte_count device_budget = ~byte_count{0};
+  std::optional<std::size_t> offloaded_chunks{};
+  tier_stats* device_stats = nullptr;  // rank 0's device and host tier statistics at the end
+  tier_stats* host_stats = nullptr;
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
@@ -73,9 +78,13 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
       try {
         auto comm = world.comm(r);
         const auto tensors = gpt2::parameter_tensors(config);
-        runtime<Plan, thread_comm> rt(model, comm, [&](std::uint32_t t, std::span<float> values) {
-          gpt2::init_parameter(config, tensors[t].name, values, seed);
-        });
+        runtime_options options;
+        options.device_budget = run.device_budget;
+        options.offloaded_chunks = run.offloaded_chunks;
+        runtime<Plan, thread_comm> rt(
+            model, comm,
+            [&](std::uint32_t t, std::span<float> values) { gpt2::init_parameter(config, tensors[t].name, values, seed); },
+            options);
         gpt2::activations<float> acts(config);
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
         const std::size_t window = config.context;
@@ -95,7 +104,11 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
           auto values = rt.read_parameters(t);
           if (r == 0) result[t] = std::move(values);
         }
-        if (r == 0) statistics = rt.statistics();
+        if (r == 0) {
+          statistics = rt.statistics();
+          if (run.device_stats != nullptr) *run.device_stats = rt.device_stats();
+          if (run.host_stats != nullptr) *run.host_stats = rt.host_stats();
+        }
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -268,4 +281,34 @@ TEST_CASE("a checkpoint of another plan is rejected with what it was saved for")
   CHECK_THROWS_WITH_AS(train<zero3_plan>(2, {.steps = 1, .load_from = dir.string()}),
                        doctest::Contains("was saved for another model, plan or rank count"), error);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+using replicated_offload_plan = plan<layout::min_waste<4 * KiB, 0>, resident, replicated, optimizer_offload<>>;
+using zero3_auto_plan = plan<layout::min_waste<4 * KiB, 0>, resident, sharded, optimizer_auto<>>;
+}  // namespace
+
+TEST_CASE("a device budget below parameters + gradients + optimizer states still trains with the states offloaded") {
+  tier_stats resident_device;
+  (void)train<replicated_plan>(1, {.steps = 1, .device_stats = &resident_device});
+  const byte_count budget = resident_device.peak - 1;  // everything on the device no longer fits
+  CHECK_THROWS_WITH_AS(train<replicated_plan>(1, {.steps = 1, .device_budget = budget}),
+                       doctest::Contains("budget"), error);
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    tier_stats device, host;
+    const auto params = train<replicated_offload_plan>(ranks, {.device_budget = budget, .device_stats = &device,
+                                                               .host_stats = &host}).first;
+    check_equal(params, reference(ranks));
+    CHECK(device.peak <= budget);
+    CHECK(host.peak > 0);  // the moments and owned gradients live in the pinned host tier
+  }
+  // optimizer_auto with the planner's knob: one chunk's states off the device.
+  tier_stats device, host;
+  const auto params =
+      train<zero3_auto_plan>(2, {.offloaded_chunks = 1, .device_stats = &device, .host_stats = &host}).first;
+  check_equal(params, reference(2));
+  CHECK(host.peak > 0);
+  CHECK_THROWS_WITH_AS(train<replicated_plan>(1, {.steps = 1, .offloaded_chunks = 1}),
+                       doctest::Contains("offloaded_chunks must be 0"), error);
 }

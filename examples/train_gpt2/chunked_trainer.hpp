@@ -14,7 +14,8 @@
 
 namespace gpt2 {
 
-/// The plans the runtime executes today (resident placements; see runtime/runtime.hpp).
+/// The plans the runtime executes today (resident placements, optimizer states on the device or offloaded to the
+/// pinned host tier; see runtime/runtime.hpp).
 using trainable_plans =
     chunkwise::plan_set<chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
                                         chunkwise::replicated, chunkwise::optimizer_follows_home>,
@@ -23,7 +24,12 @@ using trainable_plans =
                         chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
                                         chunkwise::sharded, chunkwise::optimizer_follows_home>,
                         chunkwise::plan<chunkwise::layout::per_tensor, chunkwise::resident, chunkwise::sharded,
-                                        chunkwise::optimizer_follows_home>>;
+                                        chunkwise::optimizer_follows_home>,
+                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
+                                        chunkwise::sharded, chunkwise::optimizer_auto<chunkwise::space::pinned_host>>,
+                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
+                                        chunkwise::shard_grads,
+                                        chunkwise::optimizer_offload<chunkwise::space::pinned_host>>>;
 
 /// The model profile from a dry run of the training loop against the tracer: the same registrations and step order
 /// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.

@@ -100,7 +100,7 @@ options parse(int argc, char** argv) {
 
 /// Trains under Plan: one thread per rank, rank r on the r-th sequences of each global batch.
 template <class Plan>
-void train(const options& o, const model_profile& model) {
+void train(const options& o, const model_profile& model, const machine_profile& machine, const prediction& chosen) {
   const auto& config = o.model;
   const std::size_t global_batch = config.batch * static_cast<std::size_t>(o.ranks);
   gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed);
@@ -117,9 +117,14 @@ void train(const options& o, const model_profile& model) {
       try {
         auto comm = world.comm(r);
         const auto tensors = gpt2::parameter_tensors(config);
-        runtime<Plan, thread_comm> rt(model, comm, [&](std::uint32_t t, std::span<float> values) {
-          gpt2::init_parameter(config, tensors[t].name, values, o.seed);
-        });
+        // The device budget the plan was chosen for, and the planner's offload knob.
+        runtime_options runtime_settings;
+        runtime_settings.device_budget = machine.device_memory;
+        runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
+        runtime<Plan, thread_comm> rt(
+            model, comm,
+            [&](std::uint32_t t, std::span<float> values) { gpt2::init_parameter(config, tensors[t].name, values, o.seed); },
+            runtime_settings);
         gpt2::activations<float> acts(config);
         std::size_t first_step = 1;
         if (o.resume) {
@@ -229,7 +234,9 @@ int main(int argc, char** argv) {
                 explain_table<gpt2::trainable_plans>(plans, chosen).c_str());
     std::printf("training with %s%s\n\n", gpt2::trainable_plans::names()[chosen].c_str(),
                 o.plan.empty() ? " (chosen)" : " (forced by --plan)");
-    dispatch<gpt2::trainable_plans>(chosen, [&]<class Plan>(std::type_identity<Plan>) { train<Plan>(o, model); });
+    dispatch<gpt2::trainable_plans>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
+      train<Plan>(o, model, machine, plans[chosen]);
+    });
     return 0;
   } catch (const chunkwise::error& e) {
     std::fprintf(stderr, "%s\n", e.what());

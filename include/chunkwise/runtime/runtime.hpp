@@ -12,9 +12,12 @@
 //             publishes the update (ZeRO-2 all-gathers the updated shards).
 // Every chunk moves through chunk_state's checked life cycle; statistics() sums the transitions.
 //
-// This first runtime executes resident placements with their optimizer states on the device (the host backend's
-// device is host memory): plans with a host or NVMe home, and optimizer offload, need the device cache and the
-// transfer engine wired in, and are rejected at compile time with a message saying so.
+// Memory comes from tiers with byte budgets: the device tier (host memory on the host backend) holds parameters,
+// gathered chunks, gradient accumulators and the optimizer states of chunks updated on the device; the pinned host
+// tier holds the owned gradients and Adam moments of chunks whose optimizer runs on the host (optimizer_offload,
+// optimizer_auto: runtime_options::offloaded_chunks of them, the last in first-use order). A budget that cannot hold a
+// plan fails at construction with the tier's numbers. This runtime executes resident placements; host and NVMe homes
+// need the device cache and transfer engine wired in, and are rejected at compile time with a message saying so.
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/comm/concepts.hpp>
@@ -27,6 +30,9 @@
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
+#include <chunkwise/runtime/detail/tier_buffer.hpp>
+#include <chunkwise/tier/host_device.hpp>
+#include <chunkwise/tier/pinned_host.hpp>
 #include <chunkwise/tier/checksum.hpp>
 
 #include <algorithm>
@@ -55,6 +61,11 @@ struct runtime_options {
   optim::adam_config adam{};
   unsigned optimizer_threads = 1;
   byte_count alignment = 256;
+  byte_count device_budget = ~byte_count{0};  // bytes of the device tier per rank
+  byte_count host_budget = ~byte_count{0};    // bytes of the pinned host tier per rank
+  /// Chunks whose optimizer states live off the device; unset: none for optimizer_follows_home, all for
+  /// optimizer_offload, the policy's smallest fraction for optimizer_auto (give the planner's knob).
+  std::optional<std::size_t> offloaded_chunks{};
 };
 
 /// Fills a tensor's initial values: (tensor index, its elements).
@@ -66,8 +77,6 @@ class runtime {
   static_assert(std::is_same_v<typename Plan::placement, resident>,
                 "runtime: this build executes resident placements only; cached<> and split<> homes need the device "
                 "cache and transfer engine wired into the runtime (issue 7)");
-  static_assert(std::is_same_v<typename Plan::optimizer, optimizer_follows_home>,
-                "runtime: optimizer offload is not wired into the runtime yet (issue 7); use optimizer_follows_home");
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
@@ -75,7 +84,9 @@ class runtime {
         comm_(&comm),
         ops_(collective::bind(comm)),
         map_(Plan::layout::build(model, {static_cast<std::uint32_t>(comm.size()), options.alignment})),
-        adam_(options.adam, {.threads = options.optimizer_threads}) {
+        adam_(options.adam, {.threads = options.optimizer_threads}),
+        device_(options.device_budget),
+        host_(options.host_budget) {
     validate(model_);
     for (const auto& t : model_.tensors)
       if (t.type != dtype::fp32)
@@ -87,6 +98,14 @@ class runtime {
     for (std::size_t s = 0; s < model_.steps.size(); ++s)
       if (model_.steps[s].kind == step_kind::backward)
         for (const auto c : chunks_of(s)) last_backward_[c] = s;
+    const std::size_t chunk_count = map_.chunks.size();
+    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer::min_offload_fraction *
+                                                                static_cast<double>(chunk_count) + 0.5);
+    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), chunk_count);
+    if (Plan::optimizer::max_offload_fraction == 0.0 && offloaded != 0)
+      detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
+                                                  "device; offloaded_chunks must be 0 (use optimizer_auto or "
+                                                  "optimizer_offload to move states to the host)");
     std::vector<float> staging;
     for (std::uint32_t c = 0; c < map_.chunks.size(); ++c) {
       const std::size_t n = map_.chunks[c].capacity / sizeof(float);
@@ -101,17 +120,23 @@ class runtime {
       for (const auto& slot : map_.chunks[c].slots)
         initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
       if constexpr (collective::shards_parameters) {
-        b.home.assign(staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset),
-                      staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset + b.owned.elements));
-        b.full.assign(full, 0.0f);
+        b.home = detail::tier_buffer(device_, b.owned.elements);
+        std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset), b.owned.elements, b.home.begin());
+        b.full = detail::tier_buffer(device_, full);
       } else {
-        b.home = staging;
+        b.home = detail::tier_buffer(device_, full);
+        std::copy(staging.begin(), staging.end(), b.home.begin());
         b.life = chunk_life(c, chunk_state::ready);
       }
-      b.gradient.assign(full, 0.0f);
-      b.owned_gradient.assign(b.owned.elements, 0.0f);
-      b.moment1.assign(b.owned.elements, 0.0f);
-      b.moment2.assign(b.owned.elements, 0.0f);
+      b.gradient = detail::tier_buffer(device_, full);
+      b.states_on_device = c < chunk_count - offloaded;
+      const auto state_buffer = [&] {
+        return b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
+                                  : detail::tier_buffer(host_, b.owned.elements);
+      };
+      b.owned_gradient = state_buffer();
+      b.moment1 = state_buffer();
+      b.moment2 = state_buffer();
       chunks_.push_back(std::move(b));
     }
   }
@@ -124,7 +149,7 @@ class runtime {
       auto& b = chunks_[c];
       if (b.life.state() == chunk_state::released) {
         b.life.start_fetch();
-        ops_.template gather_params<float>(b.home, b.full).wait();
+        ops_.template gather_params<float>(b.home.span(), b.full.span()).wait();
         traffic_.gathered += (b.full.size() - b.home.size()) * sizeof(float);
         b.life.arrived();
       }
@@ -140,7 +165,7 @@ class runtime {
       const bool gradients_complete = backward && last_backward_[c] == step && b.life.users() == 1;
       b.life.release(gradients_complete);
       if (gradients_complete) {
-        b.reduction = ops_.template reduce_grads<float>(b.gradient, b.owned_gradient, reduce_op::average);
+        b.reduction = ops_.template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
         traffic_.reduced += b.gradient.size() * sizeof(float);
       } else if (collective::shards_parameters && b.life.state() == chunk_state::ready && !backward) {
         b.life.evict();  // ZeRO-3: the gathered copy is dropped after forward; backward gathers again
@@ -167,11 +192,11 @@ class runtime {
                           ", not grad_pending: run every backward step (acquire and release) before step()");
       b.reduction.wait();
       b.life.reduced();
-      const std::span<float> owned = ops_.template owned_params<float>(std::span<float>(b.home));
+      const std::span<float> owned = ops_.template owned_params<float>(b.home.span());
       const optim::chunk_state state{owned.data(), b.owned_gradient.data(), dtype::fp32, b.moment1.data(),
                                      b.moment2.data(), nullptr, dtype::fp32, b.owned.valid};
       adam_.step(state, {.lr = lr, .step = steps_});
-      ops_.template publish_update<float>(std::span<float>(b.home)).wait();
+      ops_.template publish_update<float>(b.home.span()).wait();
       if constexpr (collective::shards_gradients && !collective::shards_parameters)
         traffic_.published += (b.home.size() - owned.size()) * sizeof(float);
       b.life.updated(/*on_device=*/!collective::shards_parameters);
@@ -186,7 +211,7 @@ class runtime {
     std::vector<float> gathered;
     if constexpr (collective::shards_parameters) {
       gathered.assign(b.full.size(), 0.0f);
-      ops_.template gather_params<float>(b.home, gathered).wait();
+      ops_.template gather_params<float>(b.home.span(), std::span<float>(gathered)).wait();
       base = gathered.data();
     }
     const std::size_t first = map_.locations[tensor].offset / sizeof(float);
@@ -236,6 +261,10 @@ class runtime {
   [[nodiscard]] const runtime_traffic& traffic() const noexcept { return traffic_; }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
+  /// Peak and current bytes of this rank's device and pinned host tiers.
+  [[nodiscard]] tier_stats device_stats() const noexcept { return device_.stats(); }
+  [[nodiscard]] tier_stats host_stats() const noexcept { return host_.stats(); }
+
   [[nodiscard]] chunk_statistics statistics() const {
     chunk_statistics total;
     for (const auto& b : chunks_) total += b.life.statistics();
@@ -277,7 +306,7 @@ class runtime {
     std::memcpy(&steps, bytes.data() + expected.size() - sizeof steps, sizeof steps);
     std::size_t at = expected.size();
     for (auto& b : chunks_) {
-      for (auto* buffer : {&b.home, &b.moment1, &b.moment2}) {
+      for (auto* buffer : {&b.home, &b.moment1, &b.moment2}) {  // tier buffers
         std::memcpy(buffer->data(), bytes.data() + at, buffer->size() * sizeof(float));
         at += buffer->size() * sizeof(float);
       }
@@ -293,7 +322,8 @@ class runtime {
     std::size_t elements = 0;
     shard_range owned;
     chunk_life life{0};
-    std::vector<float> home, full, gradient, owned_gradient, moment1, moment2;
+    detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
+    bool states_on_device = true;
     pending<Comm> reduction;
   };
 
@@ -346,7 +376,7 @@ class runtime {
     header.append(reinterpret_cast<const char*>(fields), sizeof fields);
     return header;
   }
-  static void append(std::string& bytes, const std::vector<float>& values) {
+  static void append(std::string& bytes, const detail::tier_buffer& values) {
     bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   }
 
@@ -355,7 +385,9 @@ class runtime {
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   optim::cpu_adam adam_;
-  std::vector<chunk_buffers> chunks_;
+  host_device_tier device_;
+  pinned_host_tier host_;
+  std::vector<chunk_buffers> chunks_;  // after the tiers: destroyed first, returning their memory
   std::vector<std::size_t> last_backward_;
   std::uint64_t steps_ = 0;
   runtime_traffic traffic_;
