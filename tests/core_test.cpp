@@ -118,3 +118,13 @@ TEST_CASE("errors carry their code and a prefixed message") {
     CHECK(to_string(e.code()) == "out_of_memory");
   }
 }
+
+TEST_CASE("counts parse as whole non-negative integers and junk names the flag") {
+  CHECK(parse_count("42", "--steps") == 42);
+  CHECK(parse_count("0", "--steps") == 0);
+  CHECK_THROWS_WITH_AS(parse_count("4x", "--steps"), doctest::Contains("--steps expects a non-negative integer, got '4x'"),
+                       error);
+  CHECK_THROWS_AS(parse_count("-1", "--steps"), error);
+  CHECK_THROWS_AS(parse_count("", "--steps"), error);
+  CHECK_THROWS_AS(parse_count(" 7", "--steps"), error);
+}

@@ -81,19 +81,6 @@ double parse_rate(const std::string& flag, const std::string& text) {
   return value;
 }
 
-std::uint64_t parse_count(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || text[0] == '-')
-    detail::raise(error_code::invalid_argument, flag + " expects a non-negative integer, got '" + text + "'");
-  return value;
-}
-
 options parse_options(int argc, char** argv) {
   options opts;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -113,7 +100,7 @@ options parse_options(int argc, char** argv) {
     } else if (flag == "--save-profile") {
       opts.save_profile_file = value();
     } else if (flag == "--ranks" || flag == "--gpus") {
-      const auto ranks = parse_count(flag, value());
+      const auto ranks = parse_count(value(), flag);
       if (ranks == 0 || ranks > 65536)
         detail::raise(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(ranks));
       opts.machine.gpus = static_cast<std::uint32_t>(ranks);
@@ -143,7 +130,7 @@ options parse_options(int argc, char** argv) {
     } else if (flag == "--save-machine") {
       opts.save_machine_file = value();
     } else if (flag == "--micro-batch") {
-      const auto batch = parse_count(flag, value());
+      const auto batch = parse_count(value(), flag);
       if (batch == 0 || batch > 1u << 20)
         detail::raise(error_code::invalid_argument, "--micro-batch must be between 1 and 1048576, got " + std::to_string(batch));
       opts.micro_batch = static_cast<std::uint32_t>(batch);

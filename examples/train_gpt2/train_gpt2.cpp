@@ -47,15 +47,8 @@ struct options {
 };
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || text[0] == '-' || value == 0)
-    detail::raise(error_code::invalid_argument, flag + " expects a positive integer, got '" + text + "'");
+  const auto value = parse_count(text, flag);
+  if (value == 0) detail::raise(error_code::invalid_argument, flag + " expects a positive integer, got '" + text + "'");
   return value;
 }
 

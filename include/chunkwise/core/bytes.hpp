@@ -46,6 +46,10 @@ inline std::string format_bytes(byte_count n) {
 /// powers of 1000, as storage vendors use them. Throws chunkwise::error naming the text when it is not a size.
 byte_count parse_bytes(const std::string& text);
 
+/// Parses a whole non-negative decimal integer ("42"); throws chunkwise::error naming `what` (a flag, a field) and the
+/// text otherwise.
+std::uint64_t parse_count(const std::string& text, const std::string& what);
+
 }  // namespace chunkwise
 
 #include <chunkwise/core/detail/parse_bytes.hpp>

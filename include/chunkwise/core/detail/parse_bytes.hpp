@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
 namespace chunkwise {
@@ -36,6 +37,19 @@ inline byte_count parse_bytes(const std::string& text) {
   }
   fail();
   return 0;
+}
+
+inline std::uint64_t parse_count(const std::string& text, const std::string& what) {
+  std::size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || text[0] == '-' || text[0] == '+' || std::isspace(static_cast<unsigned char>(text[0])))
+    detail::raise(error_code::invalid_argument, what + " expects a non-negative integer, got '" + text + "'");
+  return value;
 }
 
 }  // namespace chunkwise
