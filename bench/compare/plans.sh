@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs the example trainer for a fixed number of steps under every feasible plan and under the automatic choice,
+# in one run, and compares the cost model's predicted step time with the measured one.
+# Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=1] [extra train_gpt2 flags...]
+# Prints a table (plan, predicted step s, measured step s, error) and as its last line
+#   plans max_prediction_error=E regret=R
+# E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time over the fastest
+# measured, minus 1. Measured step time = tokens per step / the trainer's tokens/s after the last step (which
+# includes the first, cold step: run enough steps).
+set -euo pipefail
+build="${1:-build/default}"
+steps="${2:-60}"
+ranks="${3:-1}"
+shift $(( $# < 3 ? $# : 3 ))
+trainer="$build/examples/train_gpt2/train_gpt2"
+[[ -x "$trainer" ]] || { echo "plans.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
+
+export OMP_WAIT_POLICY=passive
+explain="$("$trainer" --steps 1 --eval-every 1 --ranks "$ranks" "$@" 2>/dev/null)"
+python3 - "$trainer" "$steps" "$ranks" "$explain" "$@" <<'PY'
+import re, subprocess, sys
+trainer, steps, ranks, explain, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+seconds = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+plans, chosen = [], None
+for line in explain.splitlines():
+    m = re.match(r"^([* ]) (\S+/\S+/\S+/\S+)\s+([0-9.]+) (s|ms|us)\s", line)
+    if m:
+        plans.append((m.group(2), float(m.group(3)) * seconds[m.group(4)]))
+        if m.group(1) == "*":
+            chosen = m.group(2)
+batch = context = None
+m = re.search(r"context (\d+), batch (\d+) per rank", explain)
+context, batch = int(m.group(1)), int(m.group(2))
+tokens_per_step = batch * context * ranks
+rows = []
+for name, predicted in plans:
+    out = subprocess.run([trainer, "--plan", name, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
+                          str(ranks)] + extra, capture_output=True, text=True, check=True).stdout
+    last = [l for l in out.splitlines() if l.startswith("step ")][-1]
+    tokens_per_second = float(re.search(r"([0-9.]+) tokens/s", last).group(1))
+    measured = tokens_per_step / tokens_per_second
+    rows.append((name, predicted, measured, abs(measured - predicted) / measured))
+print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}")
+for name, predicted, measured, error in rows:
+    mark = "*" if name == chosen else " "
+    print(f"{mark}{name:57s} {predicted:12.5f} {measured:12.5f} {error:7.1%}")
+fastest = min(r[2] for r in rows)
+chosen_measured = [r[2] for r in rows if r[0] == chosen][0]
+print(f"plans max_prediction_error={max(r[3] for r in rows):.3f} regret={chosen_measured / fastest - 1:.3f}")
+PY
