@@ -110,12 +110,12 @@ double brute_force_step(const model_profile& model, const machine_profile& machi
         if (!placement::uses_device_cache && blocks != n) continue;
         const std::uint64_t resident = placement::resident_chunks(n, blocks);
         const std::uint64_t offloaded = std::min<std::uint64_t>(resident, static_cast<std::uint64_t>(fraction * static_cast<double>(resident) + 0.5));
-        const auto memory = predict_memory<Plan>(model, machine, shares, trace, blocks, offloaded);
+        const auto memory = predict_memory<Plan>(machine, shares, trace, blocks, offloaded);
         if (memory.device > machine.device_memory || memory.host > machine.host_memory || memory.nvme > machine.nvme_capacity)
           continue;
         const auto fetches = resident == n ? 0 : detail::count_fetches(trace, static_cast<std::uint32_t>(resident), blocks - resident);
         if (fetches == ~std::uint64_t{0}) continue;
-        best = std::min(best, predict_time<Plan>(model, machine, shares, blocks, offloaded, fetches).step);
+        best = std::min(best, predict_time<Plan>(machine, shares, blocks, offloaded, fetches).step);
       }
     }
   }

@@ -43,21 +43,17 @@ constexpr double seconds(double bytes, double bytes_per_second) noexcept {
   return bytes <= 0 ? 0.0 : bytes / bytes_per_second;
 }
 
-/// Bytes per parameter byte of optimizer state: Adam's two fp32 moments, plus an fp32 master copy for 16-bit
-/// parameters (mixed precision).
-constexpr double optimizer_bytes_per_parameter_byte(const model_profile& model) noexcept {
+/// Average bytes of one parameter element: 4 for an fp32 model, 2 for a bf16 or fp16 one.
+constexpr double parameter_bytes_per_element(const model_profile& model) noexcept {
   std::uint64_t elements = 0;
   for (const auto& t : model.tensors) elements += t.elements;
-  const double bytes_per_element = static_cast<double>(model.tensor_bytes()) / static_cast<double>(elements);
-  const double state_bytes_per_element = 8.0 + (bytes_per_element < 4.0 ? 4.0 : 0.0);
-  return state_bytes_per_element / bytes_per_element;
+  return static_cast<double>(model.tensor_bytes()) / static_cast<double>(elements);
 }
 
-constexpr double state_bytes_per_element(const model_profile& model) noexcept {
-  std::uint64_t elements = 0;
-  for (const auto& t : model.tensors) elements += t.elements;
-  const double bytes_per_element = static_cast<double>(model.tensor_bytes()) / static_cast<double>(elements);
-  return 8.0 + (bytes_per_element < 4.0 ? 4.0 : 0.0);
+/// Bytes of optimizer state per parameter element: Adam's two fp32 moments, plus an fp32 master copy for 16-bit
+/// parameters (mixed precision).
+constexpr double state_bytes_per_element(double parameter_bytes_per_element) noexcept {
+  return 8.0 + (parameter_bytes_per_element < 4.0 ? 4.0 : 0.0);
 }
 
 template <class Space>
@@ -73,6 +69,10 @@ struct chunk_shares {
   byte_count state = 0;          // co
   byte_count gather_working = 0; // one gathered parameter chunk (0 when parameters are not sharded)
   byte_count gradient_working = 0;
+  // What the model contributes, computed once here rather than in every evaluation of the search:
+  double state_bytes_per_element = 0;  // optimizer state bytes per parameter element
+  byte_count activation_bytes = 0;     // the profile's peak activation bytes
+  double flops = 0;                    // the profile's FLOPs per step
 };
 
 template <class Collective>
@@ -82,8 +82,12 @@ constexpr chunk_shares shares_of(const model_profile& model, const layout_summar
   s.chunk_bytes = layout.chunk_bytes;
   s.average_bytes = div_ceil(layout.total_bytes, layout.chunk_count);
   const auto n = static_cast<std::size_t>(layout.chunk_count);
-  const auto state_chunk =
-      static_cast<byte_count>(static_cast<double>(s.average_bytes) * optimizer_bytes_per_parameter_byte(model));
+  const double parameter_bytes = parameter_bytes_per_element(model);
+  s.state_bytes_per_element = state_bytes_per_element(parameter_bytes);
+  s.activation_bytes = model.peak_activation_bytes();
+  s.flops = static_cast<double>(model.total_flops());
+  const auto state_chunk = static_cast<byte_count>(static_cast<double>(s.average_bytes) *
+                                                   (s.state_bytes_per_element / parameter_bytes));
   s.parameter = div_ceil(Collective::bytes_per_rank(tensor_role::parameter, s.average_bytes, n, ranks), n);
   s.gradient = div_ceil(Collective::bytes_per_rank(tensor_role::gradient, s.average_bytes, n, ranks), n);
   s.state = div_ceil(Collective::bytes_per_rank(tensor_role::optimizer_state, state_chunk, n, ranks), n);
@@ -98,7 +102,7 @@ constexpr chunk_shares shares_of(const model_profile& model, const layout_summar
 
 /// Memory of `Plan` at `device_blocks` blocks with `offloaded` resident chunks' optimizer states off the device.
 template <class Plan>
-constexpr memory_use predict_memory(const model_profile& model, const machine_profile& machine,
+constexpr memory_use predict_memory(const machine_profile& machine,
                                     const detail::chunk_shares& s, const detail::chunk_trace& trace,
                                     std::uint64_t device_blocks, std::uint64_t offloaded) {
   using placement = typename Plan::placement;
@@ -113,7 +117,7 @@ constexpr memory_use predict_memory(const model_profile& model, const machine_pr
   m.device_parameters = placement::device_bytes(s.parameter, n, b);
   m.device_working = s.gather_working * (trace.widest_step + 1) + 2 * s.gradient_working;
   m.device_optimizer = (resident - offloaded) * (s.gradient + s.state);
-  m.device_activations = model.peak_activation_bytes();
+  m.device_activations = s.activation_bytes;
   m.device = m.device_parameters + m.device_working + m.device_optimizer + m.device_activations;
 
   // Gradients always pass through host memory on their way to a host-side update; states stay where their space is.
@@ -130,7 +134,7 @@ constexpr memory_use predict_memory(const model_profile& model, const machine_pr
 
 /// Step time of `Plan` with the memory above; `fetches` is the cache's count of chunk fetches per step.
 template <class Plan>
-constexpr time_breakdown predict_time(const model_profile& model, const machine_profile& machine,
+constexpr time_breakdown predict_time(const machine_profile& machine,
                                       const detail::chunk_shares& s, std::uint64_t device_blocks,
                                       std::uint64_t offloaded, std::uint64_t fetches) {
   using placement = typename Plan::placement;
@@ -145,7 +149,7 @@ constexpr time_breakdown predict_time(const model_profile& model, const machine_
   const bool offload_on_nvme = detail::on_nvme<typename optimizer::offload_space>;
 
   time_breakdown t;
-  t.compute = static_cast<double>(model.total_flops()) / machine.device_flops_per_second;
+  t.compute = s.flops / machine.device_flops_per_second;
 
   // Collectives: bus bytes over the bus bandwidth at this chunk size, plus a fixed cost per call.
   const step_traffic traffic = collective::traffic(s.average_bytes, s.average_bytes, n, ranks);
@@ -176,7 +180,7 @@ constexpr time_breakdown predict_time(const model_profile& model, const machine_
 
   // The update: device kernel for resident chunks with states on device; host kernel for the rest, its cores shared
   // by every rank of the machine; NVMe streams states (and streamed parameters) in and out concurrently.
-  const double elements_per_chunk = static_cast<double>(s.state) / detail::state_bytes_per_element(model);
+  const double elements_per_chunk = static_cast<double>(s.state) / s.state_bytes_per_element;
   const double device_update = elements_per_chunk * static_cast<double>(resident - offloaded) /
                                machine.device_optimizer_params_per_second;
   const double host_update = elements_per_chunk * static_cast<double>(streamed + offloaded) * ranks /

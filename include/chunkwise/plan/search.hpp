@@ -39,7 +39,6 @@ constexpr bool closer_to_fitting(const prediction& a, const prediction& b) noexc
   return a.needed - a.available < b.needed - b.available;
 }
 
-template <class Plan>
 constexpr prediction check_limits(const machine_profile& machine, const memory_use& memory, prediction p) {
   p.memory = memory;
   p.feasible = false;
@@ -128,7 +127,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
         return off < resident ? off : resident;
       };
       const auto memory_at = [&](std::uint64_t blocks) {
-        return predict_memory<Plan>(model, machine, shares, trace, blocks, offloaded_at(blocks));
+        return predict_memory<Plan>(machine, shares, trace, blocks, offloaded_at(blocks));
       };
       // Largest block count in [fewest_blocks, n] whose device memory fits (device memory grows with blocks).
       std::uint64_t blocks = fewest_blocks;
@@ -148,7 +147,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
       const double effective_fraction =
           resident_chunks == 0 ? fraction : static_cast<double>(offloaded) / static_cast<double>(resident_chunks);
       p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded};
-      p = detail::check_limits<Plan>(machine, memory_at(blocks), p);
+      p = detail::check_limits(machine, memory_at(blocks), p);
       if (p.feasible) {
         const std::uint64_t resident = p.knobs.resident_chunks;
         const std::uint64_t fetches =
@@ -159,7 +158,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
           p.needed = p.memory.device + (trace.widest_step - (blocks - resident)) * shares.parameter;
           p.available = machine.device_memory;
         } else {
-          p.time = predict_time<Plan>(model, machine, shares, blocks, offloaded, fetches);
+          p.time = predict_time<Plan>(machine, shares, blocks, offloaded, fetches);
         }
       }
       if (p.feasible) {
