@@ -51,20 +51,14 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
     raise_field(path + ".version", "version " + std::to_string(version) + " is not supported; this build reads " +
                                        std::to_string(model_profile_version));
   model_profile model;
-  const auto name_text = [](const std::string& text, const std::string& at) {
-    if (text.size() > tensor_name::capacity)
-      raise_field(at, "name has " + std::to_string(text.size()) + " characters; at most " +
-                          std::to_string(tensor_name::capacity) + " fit");
-    return tensor_name(text);
-  };
-  model.name = name_text(json_string(json_field(document, "name", path), path + ".name"), path + ".name");
+  model.name = json_name(json_field(document, "name", path), path + ".name");
 
   const auto& tensors = json_array(json_field(document, "tensors", path), path + ".tensors");
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::string at = path + ".tensors[" + std::to_string(i) + "]";
     const auto& entry = tensors[i];
     tensor_spec spec;
-    spec.name = name_text(json_string(json_field(entry, "name", at), at + ".name"), at + ".name");
+    spec.name = json_name(json_field(entry, "name", at), at + ".name");
     spec.elements = json_unsigned(json_field(entry, "elements", at), at + ".elements");
     const std::string type = json_string(json_field(entry, "dtype", at), at + ".dtype");
     if (!parse_dtype(type, spec.type))
@@ -83,7 +77,7 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
     const std::string at = path + ".steps[" + std::to_string(i) + "]";
     const auto& entry = steps[i];
     profile_step step;
-    step.label = name_text(json_string(json_field(entry, "label", at), at + ".label"), at + ".label");
+    step.label = json_name(json_field(entry, "label", at), at + ".label");
     const std::string kind = json_string(json_field(entry, "kind", at), at + ".kind");
     if (kind == "forward") step.kind = step_kind::forward;
     else if (kind == "backward") step.kind = step_kind::backward;

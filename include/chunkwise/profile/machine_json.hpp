@@ -74,15 +74,8 @@ inline machine_profile machine_profile_from_json(const nlohmann::json& document,
     raise_field(at("version"), "version " + std::to_string(version) + " is not supported; this build reads " +
                                    std::to_string(machine_profile_version));
   machine_profile m;
-  const auto text = [&](std::string_view key) {
-    const std::string value = json_string(field(key), at(key));
-    if (value.size() > tensor_name::capacity)
-      raise_field(at(key), "has " + std::to_string(value.size()) + " characters; at most " +
-                               std::to_string(tensor_name::capacity) + " fit");
-    return tensor_name(value);
-  };
-  m.name = text("name");
-  m.fingerprint = text("fingerprint");
+  m.name = json_name(field("name"), at("name"));
+  m.fingerprint = json_name(field("fingerprint"), at("fingerprint"));
   const std::string kind = json_string(field("kind"), at("kind"));
   if (kind == "cuda") m.kind = device_kind::cuda;
   else if (kind == "host") m.kind = device_kind::host;

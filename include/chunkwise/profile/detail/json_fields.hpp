@@ -2,6 +2,7 @@
 // Typed field access on nlohmann::json with errors that name the field's path ("profile.tensors[3].elements").
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/tensor_spec.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,15 @@ inline std::string json_string(const nlohmann::json& value, const std::string& p
 inline bool json_bool(const nlohmann::json& value, const std::string& path) {
   if (!value.is_boolean()) raise_field(path, "expected true or false, found " + json_type_name(value));
   return value.get<bool>();
+}
+
+/// A string field that names something (a tensor, a step, a machine): at most tensor_name::capacity characters.
+inline tensor_name json_name(const nlohmann::json& value, const std::string& path) {
+  const std::string text = json_string(value, path);
+  if (text.size() > tensor_name::capacity)
+    raise_field(path, "name has " + std::to_string(text.size()) + " characters; at most " +
+                          std::to_string(tensor_name::capacity) + " fit");
+  return tensor_name(text);
 }
 
 inline const nlohmann::json& json_array(const nlohmann::json& value, const std::string& path) {
