@@ -77,13 +77,12 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
     threads.emplace_back([&, r] {
       try {
         auto comm = world.comm(r);
-        const auto tensors = gpt2::parameter_tensors(config);
         runtime_options options;
         options.device_budget = run.device_budget;
         options.offloaded_chunks = run.offloaded_chunks;
         runtime<Plan, thread_comm> rt(
             model, comm,
-            [&](std::uint32_t t, std::span<float> values) { gpt2::init_parameter(config, tensors[t].name, values, seed); },
+            gpt2::initializer(config, seed),
             options);
         gpt2::activations<float> acts(config);
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);

@@ -9,7 +9,11 @@
 #include <chunkwise/profile/tracer.hpp>
 
 #include "gpt2_model.hpp"
+#include "reference_trainer.hpp"
 
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 
 namespace gpt2 {
@@ -88,6 +92,14 @@ inline chunkwise::model_profile trace_profile(const model_config& config) {
   trace.free_activation(encoded);
   trace.end_step();
   return trace.profile();
+}
+
+/// The runtime's tensor initializer: tensor t (in profile order) gets the reference trainer's initial values.
+inline std::function<void(std::uint32_t, std::span<float>)> initializer(const model_config& config,
+                                                                         std::uint64_t seed) {
+  return [config, seed, tensors = parameter_tensors(config)](std::uint32_t t, std::span<float> values) {
+    init_parameter(config, tensors[t].name, values, seed);
+  };
 }
 
 /// One profiled step (embed, h.<l> or head; forward or backward) on the runtime's chunk memory.

@@ -100,7 +100,6 @@ void train(const options& o, const model_profile& model, const machine_profile& 
   gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed);
   thread_world world(o.ranks);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
-  std::vector<float> losses(static_cast<std::size_t>(o.ranks));
   std::vector<std::thread> threads;
   // Batches are drawn by rank 0 between two barriers, so every rank sees the same global batch.
   std::vector<int> tokens, targets;
@@ -109,14 +108,13 @@ void train(const options& o, const model_profile& model, const machine_profile& 
     threads.emplace_back([&, r] {
       try {
         auto comm = world.comm(r);
-        const auto tensors = gpt2::parameter_tensors(config);
         // The device budget the plan was chosen for, and the planner's offload knob.
         runtime_options runtime_settings;
         runtime_settings.device_budget = machine.device_memory;
         runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
         runtime<Plan, thread_comm> rt(
             model, comm,
-            [&](std::uint32_t t, std::span<float> values) { gpt2::init_parameter(config, tensors[t].name, values, o.seed); },
+            gpt2::initializer(config, o.seed),
             runtime_settings);
         gpt2::activations<float> acts(config);
         std::size_t first_step = 1;
@@ -177,7 +175,6 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             comm.barrier().wait();
             const float validation = mean_loss(run(false));
             if (r == 0) std::printf("           validation loss %.4f\n", validation);
-            losses[static_cast<std::size_t>(r)] = validation;
             if (!o.checkpoint.empty()) {
               rt.save_checkpoint(o.checkpoint);
               if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
