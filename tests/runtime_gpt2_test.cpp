@@ -3,6 +3,7 @@
 #include <chunkwise/collective.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/layout.hpp>
+#include <chunkwise/placement.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/runtime/runtime.hpp>
@@ -49,8 +50,13 @@ struct run_options {
   int save_after = 0;
   byte_count device_budget = ~byte_count{0};
   std::optional<std::size_t> offloaded_chunks{};
+  std::optional<std::size_t> device_blocks{};
+  std::string nvme_directory{};
   tier_stats* device_stats = nullptr;  // rank 0's device and host tier statistics at the end
   tier_stats* host_stats = nullptr;
+  cache_stats* cache = nullptr;  // rank 0's device cache statistics at the end
+  std::size_t* chunks = nullptr;    // rank 0's chunk count and streamed chunks
+  std::size_t* streamed = nullptr;
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
@@ -80,6 +86,8 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         runtime_options options;
         options.device_budget = run.device_budget;
         options.offloaded_chunks = run.offloaded_chunks;
+        options.device_blocks = run.device_blocks;
+        if (!run.nvme_directory.empty()) options.nvme_directory = run.nvme_directory;
         runtime<Plan, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, seed),
@@ -107,6 +115,9 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
           statistics = rt.statistics();
           if (run.device_stats != nullptr) *run.device_stats = rt.device_stats();
           if (run.host_stats != nullptr) *run.host_stats = rt.host_stats();
+          if (run.cache != nullptr) *run.cache = rt.cache_stats();
+          if (run.chunks != nullptr) *run.chunks = rt.layout().chunks.size();
+          if (run.streamed != nullptr) *run.streamed = rt.streamed_chunks();
         }
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -288,9 +299,11 @@ using zero3_auto_plan = plan<layout::min_waste<4 * KiB, 0>, resident, sharded, o
 }  // namespace
 
 TEST_CASE("a device budget below parameters + gradients + optimizer states still trains with the states offloaded") {
-  tier_stats resident_device;
-  (void)train<replicated_plan>(1, {.steps = 1, .device_stats = &resident_device});
-  const byte_count budget = resident_device.peak - 1;  // everything on the device no longer fits
+  // Parameters, gradients and Adam's two moments of every chunk: four times the chunks' bytes.
+  const auto map = replicated_plan::layout::build(gpt2_profile(gpt2::profile_config(tiny(1))), {1, 256});
+  byte_count chunk_bytes = 0;
+  for (const auto& chunk : map.chunks) chunk_bytes += chunk.capacity;
+  const byte_count budget = 4 * chunk_bytes - 1;  // everything on the device no longer fits
   CHECK_THROWS_WITH_AS(train<replicated_plan>(1, {.steps = 1, .device_budget = budget}),
                        doctest::Contains("budget"), error);
   for (const int ranks : {1, 2}) {
@@ -310,4 +323,86 @@ TEST_CASE("a device budget below parameters + gradients + optimizer states still
   CHECK(host.peak > 0);
   CHECK_THROWS_WITH_AS(train<replicated_plan>(1, {.steps = 1, .offloaded_chunks = 1}),
                        doctest::Contains("offloaded_chunks must be 0"), error);
+}
+
+namespace {
+using cached_pinned_plan = plan<layout::min_waste<4 * KiB, 0>, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+using cached_host_zero2_plan = plan<layout::min_waste<4 * KiB, 0>, cached<space::host>, shard_grads, optimizer_follows_home>;
+using split_pinned_plan = plan<layout::min_waste<4 * KiB, 0>, split<space::pinned_host>, sharded, optimizer_follows_home>;
+using cached_nvme_plan = plan<layout::min_waste<4 * KiB, 0>, cached<space::nvme>, sharded, optimizer_follows_home>;
+using cached_nvme_replicated_plan = plan<layout::min_waste<4 * KiB, 0>, cached<space::nvme>, replicated, optimizer_follows_home>;
+
+std::string scratch_directory(const char* what) {
+  const auto dir = std::filesystem::temp_directory_path() / (std::string(what) + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("host and NVMe homes stream through the device cache to the reference's parameters", Plan,
+                   cached_pinned_plan, cached_host_zero2_plan, split_pinned_plan, cached_nvme_plan,
+                   cached_nvme_replicated_plan) {
+  const auto nvme = scratch_directory("chunkwise_stream_");
+  for (const int ranks : {1, 2, 4}) {
+    CAPTURE(ranks);
+    CAPTURE(Plan::name());
+    cache_stats cache;
+    std::size_t chunks = 0, streamed = 0;
+    const auto [params, statistics] = train<Plan>(ranks, {.device_blocks = 2, .nvme_directory = nvme, .cache = &cache,
+                                                          .chunks = &chunks, .streamed = &streamed});
+    check_equal(params, reference(ranks));
+    CAPTURE(chunks);
+    CHECK(streamed == chunks);  // two blocks hold fewer than all chunks: every chunk streams
+    CHECK(cache.misses + cache.prefetches > 0);
+    CHECK(cache.invalidations > 0);  // the optimizer updated homes: cached copies were dropped
+    CHECK(cache.bytes_home_to_device > 0);
+    CHECK(statistics.count(chunk_state::reduced, chunk_state::released) > 0);  // updated at home
+  }
+  std::filesystem::remove_all(nvme);
+}
+
+TEST_CASE("streaming keeps the device tier to the cache's blocks and the working buffers") {
+  tier_stats resident_device, streamed_device, host;
+  cache_stats cache;
+  (void)train<zero3_plan>(1, {.steps = 1, .device_stats = &resident_device});
+  const auto params = train<cached_pinned_plan>(1, {.device_blocks = 2, .device_stats = &streamed_device,
+                                                    .host_stats = &host, .cache = &cache}).first;
+  check_equal(params, reference(1));
+  CHECK(streamed_device.peak < resident_device.peak / 2);
+  CHECK(host.peak > 0);
+  CHECK(cache.prefetches > 0);  // fetched ahead along the profiled order
+  // A device budget below the resident plan's need trains when chunks stream from pinned host memory.
+  const auto fits = train<cached_pinned_plan>(1, {.device_budget = resident_device.peak / 2, .device_blocks = 2}).first;
+  check_equal(fits, reference(1));
+  CHECK_THROWS_WITH_AS(train<zero3_plan>(1, {.steps = 1, .device_budget = resident_device.peak / 2}),
+                       doctest::Contains("budget"), error);
+}
+
+TEST_CASE("split keeps the first chunks resident and streams the rest") {
+  cache_stats two, many;
+  const auto params = train<split_pinned_plan>(2, {.device_blocks = 5, .cache = &two}).first;
+  check_equal(params, reference(2));
+  (void)train<split_pinned_plan>(2, {.device_blocks = 3, .cache = &many});
+  CHECK(two.bytes_home_to_device < many.bytes_home_to_device);  // more resident chunks, fewer moves
+}
+
+TEST_CASE("too few device blocks for a step's chunks is refused with the count that works") {
+  using per_tensor_streamed = plan<layout::per_tensor, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+  CHECK_THROWS_WITH_AS(train<per_tensor_streamed>(1, {.steps = 1, .device_blocks = 3}),
+                       doctest::Contains("streamed chunks at once; use at least"), error);
+}
+
+TEST_CASE_TEMPLATE("a streamed plan resumes from its checkpoint bit for bit", Plan, cached_pinned_plan, cached_nvme_plan) {
+  const auto nvme = scratch_directory("chunkwise_stream_ckpt_nvme_");
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_stream_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto straight =
+      train<Plan>(2, {.steps = 4, .save_to = dir.string(), .save_after = 2, .device_blocks = 3, .nvme_directory = nvme})
+          .first;
+  const auto resumed =
+      train<Plan>(2, {.steps = 2, .load_from = dir.string(), .skip_batches = 2, .device_blocks = 3, .nvme_directory = nvme})
+          .first;
+  for (std::size_t t = 0; t < straight.size(); ++t) CHECK(straight[t] == resumed[t]);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(nvme);
 }

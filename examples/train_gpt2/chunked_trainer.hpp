@@ -127,7 +127,7 @@ float run_profile_step(Runtime& rt, const chunkwise::profile_step& step, const m
   for (std::size_t t = 0; t < layer_tensor_count; ++t) {
     const auto index = layer_tensor_index(layer, static_cast<layer_tensor>(t));
     params.tensor[t] = p(index);
-    grads.tensor[t] = g(index);
+    if (!forward) grads.tensor[t] = g(index);  // gradients exist in backward steps only
   }
   if (forward) layer_forward<float>(layer, params, acts);
   else layer_backward<float>(layer, params, grads, acts);

@@ -46,6 +46,7 @@ struct cache_stats {
   std::uint64_t evictions = 0;
   std::uint64_t write_backs = 0;
   std::uint64_t departures = 0;  // accesses that were not the next one in the profiled order
+  std::uint64_t invalidations = 0;  // cached copies dropped because their home changed
   byte_count bytes_home_to_device = 0;
   byte_count bytes_device_to_home = 0;
   std::chrono::nanoseconds stall_time{0};  // time acquire waited for a fetch
@@ -59,7 +60,8 @@ struct cache_stats {
     const std::string home(home_space.empty() ? std::string_view("home") : home_space);
     return std::to_string(accesses) + " accesses: " + std::to_string(hits) + " hits, " + std::to_string(misses) +
            " misses, " + std::to_string(prefetches) + " prefetches, " + std::to_string(evictions) + " evictions, " +
-           std::to_string(write_backs) + " write-backs, " + std::to_string(departures) + " departures; " + home +
+           std::to_string(write_backs) + " write-backs, " + std::to_string(invalidations) + " invalidations, " +
+           std::to_string(departures) + " departures; " + home +
            "->device " + format_bytes(bytes_home_to_device) + ", device->" + home + " " +
            format_bytes(bytes_device_to_home) + "; stalled " + stalled;
   }
@@ -180,6 +182,29 @@ class device_cache {
     }
     for (auto& done : pending) done.wait();
   }
+
+  /// Drops the cached copy of `chunk` because its home changed (the optimizer updated it there): the next acquire
+  /// fetches the new bytes. Waits for a fetch of it still in flight, so the home may be rewritten on return. A copy
+  /// that is acquired or dirty cannot be dropped (its user or its changes would be lost): illegal_state.
+  void invalidate(std::uint32_t chunk) {
+    check_chunk(chunk, "invalidate");
+    const std::int32_t b = chunk_block_[chunk];
+    if (b == no_block) return;
+    auto& slot = blocks_[static_cast<std::size_t>(b)];
+    if (slot.acquired > 0 || slot.dirty)
+      detail::raise(error_code::illegal_state, "device_cache: invalidate of chunk " + std::to_string(chunk) +
+                                                   (slot.acquired > 0 ? ", which is acquired" : ", whose copy is dirty") +
+                                                   "; release it (and flush) before changing its home");
+    wait_quietly(slot.fetch);  // a failed fetch is dropped with the copy
+    slot.fetch = transfer_type{};
+    chunk_block_[chunk] = no_block;
+    slot.chunk = no_chunk;
+    ++stats_.invalidations;
+  }
+
+  /// Issues the fetches of the next accesses in the profiled order that have no block yet (after invalidations,
+  /// say, so the next iteration's first chunks move while the trainer does other work).
+  void prefetch_ahead() { prefetch(); }
 
   [[nodiscard]] bool is_cached(std::uint32_t chunk) const {
     check_chunk(chunk, "is_cached");

@@ -12,24 +12,32 @@
 //             publishes the update (ZeRO-2 all-gathers the updated shards).
 // Every chunk moves through chunk_state's checked life cycle; statistics() sums the transitions.
 //
-// Memory comes from tiers with byte budgets: the device tier (host memory on the host backend) holds parameters,
-// gathered chunks, gradient accumulators and the optimizer states of chunks updated on the device; the pinned host
-// tier holds the owned gradients and Adam moments of chunks whose optimizer runs on the host (optimizer_offload,
-// optimizer_auto: runtime_options::offloaded_chunks of them, the last in first-use order). A budget that cannot hold a
-// plan fails at construction with the tier's numbers. This runtime executes resident placements; host and NVMe homes
-// need the device cache and transfer engine wired in, and are rejected at compile time with a message saying so.
+// Memory comes from tiers with byte budgets. The device tier (host memory on the host backend) holds the resident
+// chunks' parameters, the device cache's blocks, the gathered copies of chunks in use and the gradient accumulators
+// (taken at a chunk's first backward use, given back when its reduction completes; a tight budget waits for the
+// oldest reduction rather than fail), and the optimizer states of chunks updated on the device. The pinned host tier
+// holds the owned gradients and Adam moments of chunks updated on the host (optimizer_offload, optimizer_auto:
+// runtime_options::offloaded_chunks of the resident chunks, the last in first-use order) and of streamed chunks.
+//
+// Placements: `resident` keeps every chunk on the device. `cached<Space>` and `split<Space>` keep
+// Placement::resident_chunks(n, device_blocks) chunks resident (the first in first-use order, as the cost model
+// assumes) and stream the others from their home in Space (pinned host, host or NVMe) through a device cache of the
+// remaining blocks, prefetched along the profiled order (runtime/detail/streamed_homes.hpp). A streamed chunk's
+// optimizer runs where its states are: on its home. A budget that cannot hold a plan fails at construction with the
+// tier's numbers.
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
-#include <chunkwise/placement/resident.hpp>
+#include <chunkwise/placement/concepts.hpp>
 #include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
+#include <chunkwise/runtime/detail/streamed_homes.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/host_device.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
@@ -41,6 +49,8 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,7 +64,8 @@ struct runtime_traffic {
   byte_count gathered = 0;
   byte_count reduced = 0;
   byte_count published = 0;
-  [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published; }
+  byte_count fetched = 0;       // streamed chunks: home -> device through the cache
+  [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published + fetched; }
 };
 
 struct runtime_options {
@@ -66,6 +77,12 @@ struct runtime_options {
   /// Chunks whose optimizer states live off the device; unset: none for optimizer_follows_home, all for
   /// optimizer_offload, the policy's smallest fraction for optimizer_auto (give the planner's knob).
   std::optional<std::size_t> offloaded_chunks{};
+  /// cached<> and split<>: device blocks of one chunk's home part each (the planner's knob; resident chunks take one
+  /// each, the cache the rest). Unset: cached<> streams through max(2, widest step) blocks, split<> keeps half the
+  /// chunks resident.
+  std::optional<std::size_t> device_blocks{};
+  std::size_t prefetch_depth = 2;  // accesses of the profiled order fetched ahead
+  std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // NVMe homes: the store's directory
 };
 
 /// Fills a tensor's initial values: (tensor index, its elements).
@@ -74,9 +91,10 @@ using tensor_initializer = std::function<void(std::uint32_t, std::span<float>)>;
 template <class Plan, communicator Comm>
 class runtime {
   using collective = typename Plan::collective;
-  static_assert(std::is_same_v<typename Plan::placement, resident>,
-                "runtime: this build executes resident placements only; cached<> and split<> homes need the device "
-                "cache and transfer engine wired into the runtime (issue 7)");
+  using placement = typename Plan::placement;
+  static constexpr bool streams = placement::uses_device_cache;
+  struct no_streamed_homes {};
+  using homes_type = std::conditional_t<streams, detail::streamed_homes<typename placement::home_space>, no_streamed_homes>;
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
@@ -94,65 +112,77 @@ class runtime {
                                                    std::string(to_string(t.type)) +
                                                    "; this runtime holds fp32 parameters (mixed precision comes with "
                                                    "the optimizer's working copies)");
-    last_backward_.assign(map_.chunks.size(), no_step);
+    const std::size_t chunk_count = map_.chunks.size();
+    last_backward_.assign(chunk_count, no_step);
     for (std::size_t s = 0; s < model_.steps.size(); ++s)
       if (model_.steps[s].kind == step_kind::backward)
         for (const auto c : chunks_of(s)) last_backward_[c] = s;
-    const std::size_t chunk_count = map_.chunks.size();
+    const std::size_t resident = resident_chunk_count(options);
     const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer::min_offload_fraction *
-                                                                static_cast<double>(chunk_count) + 0.5);
-    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), chunk_count);
+                                                                static_cast<double>(resident) + 0.5);
+    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), resident);
     if (Plan::optimizer::max_offload_fraction == 0.0 && offloaded != 0)
       detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
                                                   "device; offloaded_chunks must be 0 (use optimizer_auto or "
                                                   "optimizer_offload to move states to the host)");
-    std::vector<float> staging;
-    for (std::uint32_t c = 0; c < map_.chunks.size(); ++c) {
+    for (std::uint32_t c = 0; c < chunk_count; ++c) {
       const std::size_t n = map_.chunks[c].capacity / sizeof(float);
       chunk_buffers b;
       b.index = c;
-      b.elements = n;
       b.owned = ops_.template owned<float>(n);
-      b.life = chunk_life(c);
-      const std::size_t full = ops_.template full_elements<float>(n);
+      b.full_elements = ops_.template full_elements<float>(n);
+      b.home_elements = collective::shards_parameters ? b.owned.elements : b.full_elements;
+      b.streamed = c >= resident;
+      b.local = b.streamed ? c - static_cast<std::uint32_t>(resident) : 0;
+      b.states_on_device = c < resident - offloaded;
+      chunks_.push_back(std::move(b));
+    }
+    if constexpr (streams)
+      if (resident < chunk_count) start_streaming(options, resident);
+    std::vector<float> staging;
+    for (auto& b : chunks_) {
       // The whole chunk, initialised tensor by tensor; this rank keeps its home part.
-      staging.assign(full, 0.0f);
-      for (const auto& slot : map_.chunks[c].slots)
+      staging.assign(b.full_elements, 0.0f);
+      for (const auto& slot : map_.chunks[b.index].slots)
         initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
-      if constexpr (collective::shards_parameters) {
-        b.home = detail::tier_buffer(device_, b.owned.elements);
-        std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(b.owned.offset), b.owned.elements, b.home.begin());
-        b.full = detail::tier_buffer(device_, full);
-      } else {
-        b.home = detail::tier_buffer(device_, full);
-        std::copy(staging.begin(), staging.end(), b.home.begin());
-        b.life = chunk_life(c, chunk_state::ready);
-      }
-      b.gradient = detail::tier_buffer(device_, full);
-      b.states_on_device = c < chunk_count - offloaded;
+      const std::size_t first = collective::shards_parameters ? b.owned.offset : 0;
       const auto state_buffer = [&] {
         return b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
                                   : detail::tier_buffer(host_, b.owned.elements);
       };
       b.owned_gradient = state_buffer();
+      if (b.streamed) {
+        with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float>, std::span<float>) {
+          std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(first), b.home_elements, home.begin());
+        });
+        b.life = chunk_life(b.index);
+        continue;
+      }
+      b.home = detail::tier_buffer(device_, b.home_elements);
+      std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(first), b.home_elements, b.home.begin());
       b.moment1 = state_buffer();
       b.moment2 = state_buffer();
-      chunks_.push_back(std::move(b));
+      b.life = chunk_life(b.index, collective::shards_parameters ? chunk_state::released : chunk_state::ready);
+      b.compute = b.home.data();
     }
+    if constexpr (streams)
+      if (homes_) homes_->prefetch_ahead();
   }
 
   [[nodiscard]] const chunk_map& layout() const noexcept { return map_; }
 
   void acquire(std::size_t step) {
     check_step(step, "acquire");
+    reclaim_gradients(/*wait_for_oldest=*/false);
+    const bool backward = model_.steps[step].kind == step_kind::backward;
     for (const auto c : chunks_of(step)) {
       auto& b = chunks_[c];
       if (b.life.state() == chunk_state::released) {
         b.life.start_fetch();
-        ops_.template gather_params<float>(b.home.span(), b.full.span()).wait();
-        traffic_.gathered += (b.full.size() - b.home.size()) * sizeof(float);
+        fetch_parameters(b);
         b.life.arrived();
       }
+      if (backward && b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements);
       b.life.acquire();
     }
   }
@@ -167,17 +197,33 @@ class runtime {
       if (gradients_complete) {
         b.reduction = ops_.template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
         traffic_.reduced += b.gradient.size() * sizeof(float);
-      } else if (collective::shards_parameters && b.life.state() == chunk_state::ready && !backward) {
-        b.life.evict();  // ZeRO-3: the gathered copy is dropped after forward; backward gathers again
+        reducing_.push_back(c);
+        drop_parameters(b);
+      } else if (b.life.state() == chunk_state::ready && (b.streamed || (collective::shards_parameters && !backward))) {
+        // Streamed chunks give their cache block back; ZeRO-3 drops the gathered copy after forward (backward
+        // gathers again).
+        b.life.evict();
+        drop_parameters(b);
       }
     }
   }
 
   /// The parameters of tensor t: valid between acquire and release of a step that touches it.
   std::span<float> parameter(std::uint32_t tensor) { return view(tensor, compute_parameters(chunk_of(tensor))); }
-  /// Its gradient accumulator (the trainer adds into it).
-  std::span<float> gradient(std::uint32_t tensor) { return view(tensor, chunks_[chunk_of(tensor)].gradient.data()); }
+  /// Its gradient accumulator (the trainer adds into it): valid between acquire and release of a backward step.
+  std::span<float> gradient(std::uint32_t tensor) {
+    const auto c = chunk_of(tensor);
+    auto& b = chunks_[c];
+    if (b.life.state() != chunk_state::in_use || b.gradient.size() == 0)
+      detail::raise(error_code::illegal_state, "runtime: gradient of tensor " + std::to_string(tensor) + " (chunk " +
+                                                   std::to_string(c) + ") asked for outside a backward step that "
+                                                   "uses it; gradients exist from a chunk's first backward acquire "
+                                                   "until its reduction");
+    return view(tensor, b.gradient.data());
+  }
 
+  /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
+  /// iteration that stopped midway.
   void zero_grad() {
     for (auto& b : chunks_) std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
   }
@@ -191,27 +237,38 @@ class runtime {
                       "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
                           ", not grad_pending: run every backward step (acquire and release) before step()");
       b.reduction.wait();
+      b.reduction = {};
+      b.gradient = {};
       b.life.reduced();
-      const std::span<float> owned = ops_.template owned_params<float>(b.home.span());
-      const optim::chunk_state state{owned.data(), b.owned_gradient.data(), dtype::fp32, b.moment1.data(),
-                                     b.moment2.data(), nullptr, dtype::fp32, b.owned.valid};
-      adam_.step(state, {.lr = lr, .step = steps_});
-      ops_.template publish_update<float>(b.home.span()).wait();
-      if constexpr (collective::shards_gradients && !collective::shards_parameters)
-        traffic_.published += (b.home.size() - owned.size()) * sizeof(float);
-      b.life.updated(/*on_device=*/!collective::shards_parameters);
+      with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
+        const std::span<float> owned = ops_.template owned_params<float>(home);
+        const optim::chunk_state state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
+                                       moment2.data(), nullptr, dtype::fp32, b.owned.valid};
+        adam_.step(state, {.lr = lr, .step = steps_});
+        ops_.template publish_update<float>(home).wait();
+        if constexpr (collective::shards_gradients && !collective::shards_parameters)
+          traffic_.published += (home.size() - owned.size()) * sizeof(float);
+      });
+      b.life.updated(/*on_device=*/!collective::shards_parameters && !b.streamed);
     }
+    reducing_.clear();
+    if constexpr (streams)
+      if (homes_) homes_->prefetch_ahead();
   }
 
   /// A copy of tensor t's current parameters. A collective call for plans that shard parameters: every rank calls it,
   /// for the same tensors in the same order.
   std::vector<float> read_parameters(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    const float* base = b.home.data();
+    std::vector<float> home;
+    with_state(b, /*write=*/false, [&](std::span<float> values, std::span<float>, std::span<float>) {
+      home.assign(values.begin(), values.end());
+    });
+    const float* base = home.data();
     std::vector<float> gathered;
     if constexpr (collective::shards_parameters) {
-      gathered.assign(b.full.size(), 0.0f);
-      ops_.template gather_params<float>(b.home.span(), std::span<float>(gathered)).wait();
+      gathered.assign(b.full_elements, 0.0f);
+      ops_.template gather_params<float>(std::span<float>(home), std::span<float>(gathered)).wait();
       base = gathered.data();
     }
     const std::size_t first = map_.locations[tensor].offset / sizeof(float);
@@ -225,13 +282,13 @@ class runtime {
   // Loading checks all of it and says which part does not match; it changes nothing unless everything does.
 
   /// Saves this rank's shard of the training state. Call between steps (after step()).
-  void save_checkpoint(const std::filesystem::path& directory) const {
+  void save_checkpoint(const std::filesystem::path& directory) {
     std::string bytes = checkpoint_header();
-    for (const auto& b : chunks_) {
-      append(bytes, b.home);
-      append(bytes, b.moment1);
-      append(bytes, b.moment2);
-    }
+    for (auto& b : chunks_)
+      with_state(b, /*write=*/false, [&](auto home, auto moment1, auto moment2) {
+        for (const auto values : {home, moment1, moment2})
+          bytes.append(reinterpret_cast<const char*>(values.data()), values.size_bytes());
+      });
     const std::uint32_t crc = crc32c(bytes.data(), bytes.size());
     bytes.append(reinterpret_cast<const char*>(&crc), sizeof crc);
     std::filesystem::create_directories(directory);
@@ -258,7 +315,24 @@ class runtime {
                                               "nothing was restored");
   }
 
-  [[nodiscard]] const runtime_traffic& traffic() const noexcept { return traffic_; }
+  [[nodiscard]] runtime_traffic traffic() const noexcept {
+    runtime_traffic t = traffic_;
+    t.fetched = cache_stats().bytes_home_to_device;
+    return t;
+  }
+  /// The device cache of streamed chunks: hits, misses, prefetches, bytes moved, time acquire stalled (all zero when
+  /// every chunk is resident).
+  [[nodiscard]] chunkwise::cache_stats cache_stats() const noexcept {
+    if constexpr (streams)
+      if (homes_) return homes_->stats();
+    return {};
+  }
+  /// Chunks streamed from the placement's home (0 for resident placements).
+  [[nodiscard]] std::size_t streamed_chunks() const noexcept {
+    if constexpr (streams)
+      if (homes_) return homes_->chunks();
+    return 0;
+  }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
   /// Peak and current bytes of this rank's device and pinned host tiers.
@@ -286,7 +360,7 @@ class runtime {
     const std::string bytes = read_file(file);
     const std::string expected = checkpoint_header();
     std::size_t body = 0;
-    for (const auto& b : chunks_) body += (b.home.size() + b.moment1.size() + b.moment2.size()) * sizeof(float);
+    for (const auto& b : chunks_) body += (b.home_elements + 2 * b.owned.elements) * sizeof(float);
     if (bytes.size() < sizeof(std::uint32_t) || bytes.compare(0, 8, expected, 0, 8) != 0)
       detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' is not a chunkwise checkpoint of this version");
     std::uint32_t stored_crc = 0;
@@ -306,11 +380,14 @@ class runtime {
     std::memcpy(&steps, bytes.data() + expected.size() - sizeof steps, sizeof steps);
     std::size_t at = expected.size();
     for (auto& b : chunks_) {
-      for (auto* buffer : {&b.home, &b.moment1, &b.moment2}) {  // tier buffers
-        std::memcpy(buffer->data(), bytes.data() + at, buffer->size() * sizeof(float));
-        at += buffer->size() * sizeof(float);
-      }
-      b.life = chunk_life(b.index, collective::shards_parameters ? chunk_state::released : chunk_state::ready);
+      with_state(b, /*write=*/true, [&](auto home, auto moment1, auto moment2) {
+        for (const auto values : {home, moment1, moment2}) {
+          std::memcpy(values.data(), bytes.data() + at, values.size_bytes());
+          at += values.size_bytes();
+        }
+      });
+      b.life = chunk_life(b.index, collective::shards_parameters || b.streamed ? chunk_state::released
+                                                                               : chunk_state::ready);
     }
     steps_ = steps;
   }
@@ -319,13 +396,155 @@ class runtime {
 
   struct chunk_buffers {
     std::uint32_t index = 0;
-    std::size_t elements = 0;
+    std::size_t full_elements = 0;  // the gathered chunk
+    std::size_t home_elements = 0;  // what this rank keeps between uses
     shard_range owned;
     chunk_life life{0};
-    detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
+    bool streamed = false;          // home off the device (cached<>, split<>): moves through the device cache
+    std::uint32_t local = 0;        // its index among the streamed chunks
+    bool cache_held = false;        // a cache block is acquired for it
     bool states_on_device = true;
+    float* compute = nullptr;       // the parameters the trainer reads while the chunk is in use
+    // home, moment1, moment2: resident chunks only (streamed ones keep them in homes_).
+    detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
     pending<Comm> reduction;
   };
+
+  // Device blocks (the planner's knob, or the fallback documented at runtime_options) and the resident chunks they
+  // leave: Placement::resident_chunks, the first chunks in first-use order.
+  std::size_t resident_chunk_count(const runtime_options& options) {
+    const std::size_t n = map_.chunks.size();
+    if constexpr (!streams) {
+      device_blocks_ = n;
+      return n;
+    } else {
+      std::size_t widest = 0;
+      for (std::size_t s = 0; s < model_.steps.size(); ++s) widest = std::max(widest, chunks_of(s).size());
+      std::size_t fallback = std::max<std::size_t>(2, widest);
+      if constexpr (requires { placement::stream_blocks; }) fallback = n / 2 + placement::stream_blocks;
+      device_blocks_ = options.device_blocks.value_or(fallback);
+      if (device_blocks_ == 0)
+        detail::raise(error_code::invalid_argument, "runtime: device_blocks = 0; " + std::string(placement::name) +
+                                                        " needs at least one device block");
+      return placement::resident_chunks(n, device_blocks_);
+    }
+  }
+
+  // The streamed chunks' homes and a device cache of the blocks the resident chunks leave, enough for every step.
+  void start_streaming(const runtime_options& options, std::size_t resident) {
+    if constexpr (streams) {
+      detail::streamed_settings settings;
+      settings.chunks = map_.chunks.size() - resident;
+      settings.blocks = device_blocks_ - resident;
+      settings.prefetch_depth = options.prefetch_depth;
+      settings.nvme_directory = options.nvme_directory;
+      std::size_t widest = 0;
+      std::string widest_label;
+      for (std::size_t s = 0; s < model_.steps.size(); ++s) {
+        std::size_t streamed_here = 0;
+        for (const auto c : chunks_of(s))
+          if (chunks_[c].streamed) {
+            settings.order.push_back(chunks_[c].local);
+            ++streamed_here;
+          }
+        if (streamed_here > widest) {
+          widest = streamed_here;
+          widest_label = std::string(model_.steps[s].label.view());
+        }
+      }
+      if (settings.blocks < widest)
+        detail::raise(error_code::invalid_argument,
+                      "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(device_blocks_) +
+                          " keeps " + std::to_string(resident) + " chunks resident and streams " +
+                          std::to_string(settings.chunks) + " through " + std::to_string(settings.blocks) +
+                          " blocks, but step '" + widest_label + "' needs " + std::to_string(widest) +
+                          " streamed chunks at once; use at least " + std::to_string(resident + widest) +
+                          " device blocks");
+      for (const auto& b : chunks_)
+        if (b.streamed) {
+          settings.param_elements.push_back(b.home_elements);
+          settings.state_elements.push_back(b.owned.elements);
+        }
+      homes_ = std::make_unique<homes_type>(device_, host_, options.host_budget, std::move(settings));
+    }
+  }
+
+  // Calls f(home parameters, moment1, moment2) of chunk b, wherever they live; `write`: f may change them.
+  template <class F>
+  void with_state(chunk_buffers& b, bool write, F&& f) {
+    if constexpr (streams) {
+      if (b.streamed) {
+        if (write) homes_->update(b.local, f);
+        else homes_->read(b.local, f);
+        return;
+      }
+    }
+    f(b.home.span(), b.moment1.span(), b.moment2.span());
+  }
+
+  // released -> the parameters the trainer reads: the home (resident), a cache block (streamed), gathered from
+  // either when the collective shards parameters.
+  void fetch_parameters(chunk_buffers& b) {
+    float* home = b.home.data();
+    if constexpr (streams) {
+      if (b.streamed) {
+        home = homes_->acquire(b.local);
+        b.cache_held = true;
+      }
+    }
+    if constexpr (collective::shards_parameters) {
+      b.full = device_buffer(b.full_elements);
+      ops_.template gather_params<float>(std::span<float>(home, b.home_elements), b.full.span()).wait();
+      traffic_.gathered += (b.full_elements - b.home_elements) * sizeof(float);
+      b.compute = b.full.data();
+      release_cache_block(b);  // the gathered copy is what the trainer reads
+    } else {
+      b.compute = home;
+    }
+  }
+  void drop_parameters(chunk_buffers& b) {
+    b.full = {};
+    release_cache_block(b);
+    if (b.streamed || collective::shards_parameters) b.compute = nullptr;
+  }
+  void release_cache_block(chunk_buffers& b) {
+    if constexpr (streams) {
+      if (b.cache_held) {
+        homes_->release(b.local);
+        b.cache_held = false;
+      }
+    }
+  }
+
+  // Device memory for a gathered chunk or a gradient accumulator. Past the budget, the gradients of finished
+  // reductions go back first (waiting for the oldest if none has finished); out_of_memory only when none is left.
+  detail::tier_buffer device_buffer(std::size_t elements) {
+    for (;;) {
+      try {
+        return detail::tier_buffer(device_, elements);
+      } catch (const error& e) {
+        if (e.code() != error_code::out_of_memory || !reclaim_gradients(/*wait_for_oldest=*/true)) throw;
+      }
+    }
+  }
+  // Frees the accumulators of reductions that completed; true when one was freed.
+  bool reclaim_gradients(bool wait_for_oldest) {
+    bool freed = false;
+    for (auto it = reducing_.begin(); it != reducing_.end();) {
+      auto& b = chunks_[*it];
+      const bool done = b.reduction.test() || (wait_for_oldest && !freed && it == reducing_.begin());
+      if (!done) {
+        ++it;
+        continue;
+      }
+      b.reduction.wait();
+      b.reduction = {};
+      b.gradient = {};
+      it = reducing_.erase(it);
+      freed = true;
+    }
+    return freed;
+  }
 
   std::vector<std::uint32_t> chunks_of(std::size_t step) const {
     std::vector<std::uint32_t> chunks;
@@ -347,7 +566,7 @@ class runtime {
       detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(c) + " read while " +
                                                    std::string(to_string(b.life.state())) +
                                                    "; acquire a step that uses it first");
-    return collective::shards_parameters ? b.full.data() : b.home.data();
+    return b.compute;
   }
   std::span<float> view(std::uint32_t tensor, float* chunk_base) const {
     return {chunk_base + map_.locations[tensor].offset / sizeof(float), model_.tensors[tensor].elements};
@@ -376,9 +595,6 @@ class runtime {
     header.append(reinterpret_cast<const char*>(fields), sizeof fields);
     return header;
   }
-  static void append(std::string& bytes, const detail::tier_buffer& values) {
-    bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-  }
 
   model_profile model_;
   Comm* comm_;
@@ -387,8 +603,11 @@ class runtime {
   optim::cpu_adam adam_;
   host_device_tier device_;
   pinned_host_tier host_;
+  std::unique_ptr<homes_type> homes_;  // streamed chunks (cached<>, split<>); after the tiers it allocates from
   std::vector<chunk_buffers> chunks_;  // after the tiers: destroyed first, returning their memory
   std::vector<std::size_t> last_backward_;
+  std::list<std::uint32_t> reducing_;
+  std::size_t device_blocks_ = 0;  // chunks whose gradient reduction may still run, oldest first
   std::uint64_t steps_ = 0;
   runtime_traffic traffic_;
 };
