@@ -3,7 +3,7 @@
 // one profiled step on chunk memory (the same step functions the reference trainer calls), and the plans it can run.
 #include <chunkwise/collective.hpp>
 #include <chunkwise/layout.hpp>
-#include <chunkwise/placement/resident.hpp>
+#include <chunkwise/placement.hpp>
 #include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/tracer.hpp>
@@ -18,22 +18,28 @@
 
 namespace gpt2 {
 
-/// The plans the runtime executes today (resident placements, optimizer states on the device or offloaded to the
-/// pinned host tier; see runtime/runtime.hpp).
-using trainable_plans =
-    chunkwise::plan_set<chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
-                                        chunkwise::replicated, chunkwise::optimizer_follows_home>,
-                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
-                                        chunkwise::shard_grads, chunkwise::optimizer_follows_home>,
-                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
-                                        chunkwise::sharded, chunkwise::optimizer_follows_home>,
-                        chunkwise::plan<chunkwise::layout::per_tensor, chunkwise::resident, chunkwise::sharded,
-                                        chunkwise::optimizer_follows_home>,
-                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
-                                        chunkwise::sharded, chunkwise::optimizer_auto<chunkwise::space::pinned_host>>,
-                        chunkwise::plan<chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>, chunkwise::resident,
-                                        chunkwise::shard_grads,
-                                        chunkwise::optimizer_offload<chunkwise::space::pinned_host>>>;
+/// The plans the example trains under: resident chunks (data parallel, ZeRO-2, ZeRO-3; optimizer states on the device,
+/// partly or wholly offloaded to pinned host memory) and chunks streamed through a device cache from pinned host
+/// memory (Gemini-style, and with a resident prefix) or from NVMe files (ZeRO-Infinity-style).
+namespace plans {
+using chunks = chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>;
+using chunkwise::cached, chunkwise::split, chunkwise::resident;
+using chunkwise::replicated, chunkwise::shard_grads, chunkwise::sharded;
+using chunkwise::optimizer_follows_home, chunkwise::optimizer_auto, chunkwise::optimizer_offload;
+using pinned = chunkwise::space::pinned_host;
+using nvme = chunkwise::space::nvme;
+}  // namespace plans
+
+using trainable_plans = chunkwise::plan_set<
+    chunkwise::plan<plans::chunks, plans::resident, plans::replicated, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::shard_grads, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<chunkwise::layout::per_tensor, plans::resident, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::sharded, plans::optimizer_auto<plans::pinned>>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::shard_grads, plans::optimizer_offload<plans::pinned>>,
+    chunkwise::plan<plans::chunks, plans::cached<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>>;
 
 /// The model profile from a dry run of the training loop against the tracer: the same registrations and step order
 /// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.

@@ -7,6 +7,7 @@
 //   --layers N (2) --channels N (64) --heads N (4) --context N (64) --batch N (4, per rank)  --data FILE
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
+//   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
@@ -44,6 +45,7 @@ struct options {
   std::size_t eval_every = 50;
   std::string checkpoint;
   bool resume = false;
+  std::string nvme_dir;
 };
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
@@ -77,6 +79,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
     else if (flag == "--checkpoint") o.checkpoint = value();
     else if (flag == "--resume") o.resume = true;
+    else if (flag == "--nvme-dir") o.nvme_dir = value();
     else if (flag == "--help" || flag == "-h") {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
@@ -108,10 +111,13 @@ void train(const options& o, const model_profile& model, const machine_profile& 
     threads.emplace_back([&, r] {
       try {
         auto comm = world.comm(r);
-        // The device budget the plan was chosen for, and the planner's offload knob.
+        // The device budget the plan was chosen for, and the planner's knobs: chunk size, device blocks, offload.
         runtime_options runtime_settings;
         runtime_settings.device_budget = machine.device_memory;
         runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
+        runtime_settings.device_blocks = chosen.knobs.device_blocks;
+        runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
+        if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
         runtime<Plan, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, o.seed),
@@ -181,6 +187,9 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             }
           }
         }
+        if (r == 0 && rt.streamed_chunks() > 0)
+          std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
+                      rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }

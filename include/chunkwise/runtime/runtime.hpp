@@ -33,6 +33,7 @@
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/placement/concepts.hpp>
 #include <chunkwise/plan/optimizer_execution.hpp>
+#include <chunkwise/plan/detail/layout_candidates.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/core/atomic_file.hpp>
@@ -81,6 +82,9 @@ struct runtime_options {
   /// each, the cache the rest). Unset: cached<> streams through max(2, widest step) blocks, split<> keeps half the
   /// chunks resident.
   std::optional<std::size_t> device_blocks{};
+  /// The chunk capacity the search chose among the layout's candidates (prediction::knobs.chunk_bytes); unset: the
+  /// layout's own choice.
+  std::optional<byte_count> chunk_bytes{};
   std::size_t prefetch_depth = 2;  // accesses of the profiled order fetched ahead
   std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // NVMe homes: the store's directory
 };
@@ -101,7 +105,7 @@ class runtime {
       : model_(model),
         comm_(&comm),
         ops_(collective::bind(comm)),
-        map_(Plan::layout::build(model, {static_cast<std::uint32_t>(comm.size()), options.alignment})),
+        map_(build_layout(model, {static_cast<std::uint32_t>(comm.size()), options.alignment}, options.chunk_bytes)),
         adam_(options.adam, {.threads = options.optimizer_threads}),
         device_(options.device_budget),
         host_(options.host_budget) {
@@ -409,6 +413,24 @@ class runtime {
     detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
     pending<Comm> reduction;
   };
+
+  // The layout's candidate with the searched chunk capacity (or the layout's own choice).
+  static chunk_map build_layout(const model_profile& model, const layout_options& options,
+                                std::optional<byte_count> chunk_bytes) {
+    using candidates = detail::layout_candidates<typename Plan::layout>;
+    if (!chunk_bytes) return Plan::layout::build(model, options);
+    std::string tried;
+    for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
+      if (!candidates::fits(model, options, candidate)) continue;
+      chunk_map map = candidates::build(model, options, candidate);
+      if (map.summary().chunk_bytes == *chunk_bytes) return map;
+      tried += (tried.empty() ? "" : ", ") + std::to_string(map.summary().chunk_bytes);
+    }
+    detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " has no chunk size of " +
+                                                    std::to_string(*chunk_bytes) + " bytes for this model and " +
+                                                    std::to_string(options.ranks) + " ranks; its candidates: " +
+                                                    tried + " (give the search's knob for the same rank count)");
+  }
 
   // Device blocks (the planner's knob, or the fallback documented at runtime_options) and the resident chunks they
   // leave: Placement::resident_chunks, the first chunks in first-use order.
