@@ -11,7 +11,11 @@
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
+#include <vector>
 #include <functional>
 #include <span>
 #include <string>
@@ -98,6 +102,37 @@ inline chunkwise::model_profile trace_profile(const model_config& config) {
   trace.free_activation(encoded);
   trace.end_step();
   return trace.profile();
+}
+
+/// The FLOP/s the model's step functions reach on this machine with `ranks` thread ranks computing at once: each rank
+/// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch, and the
+/// profile's FLOPs per iteration are divided by the slowest rank's time. The cost model's compute rate for this
+/// trainer (a generic GEMM benchmark overstates naive loops several times).
+inline double measure_step_flops(const model_config& config, const chunkwise::model_profile& model, int ranks,
+                                 int iterations = 3) {
+  std::vector<double> seconds(static_cast<std::size_t>(ranks), 0.0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      reference_trainer trainer(config, 1);
+      std::vector<int> tokens(config.batch * config.context), targets(tokens.size());
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % config.vocab);
+        targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
+      }
+      const auto pass = [&] {
+        trainer.zero_gradients();
+        trainer.forward(tokens.data(), targets.data());
+        trainer.backward(tokens.data(), targets.data());
+      };
+      pass();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < iterations; ++i) pass();
+      seconds[static_cast<std::size_t>(r)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+    });
+  for (auto& t : threads) t.join();
+  return static_cast<double>(model.total_flops()) / *std::max_element(seconds.begin(), seconds.end());
 }
 
 /// The runtime's tensor initializer: tensor t (in profile order) gets the reference trainer's initial values.

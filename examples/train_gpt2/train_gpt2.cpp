@@ -214,8 +214,13 @@ int main(int argc, char** argv) {
       const char* home = std::getenv("HOME");
       cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
     }
-    const machine_profile machine = measure_or_load<host_backend>(
+    machine_profile machine = measure_or_load<host_backend>(
         cache, {.device_memory = o.device_budget, .ranks = static_cast<std::uint32_t>(o.ranks)});
+    // The compute rate of this trainer's own step functions, measured now (the profile's GEMM rate is a peak).
+    const double gemm_flops = machine.device_flops_per_second;
+    machine.device_flops_per_second = gpt2::measure_step_flops(o.model, model, o.ranks);
+    std::printf("compute: the model's step functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n",
+                machine.device_flops_per_second / 1e9, o.ranks, gemm_flops / 1e9);
     const auto plans = evaluate<gpt2::trainable_plans>(model, machine);
     std::size_t chosen = 0;
     if (!o.plan.empty()) {
