@@ -37,6 +37,7 @@
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/core/atomic_file.hpp>
+#include <chunkwise/runtime/checkpoint_file.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
 #include <chunkwise/runtime/detail/streamed_homes.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
@@ -46,6 +47,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -279,44 +281,71 @@ class runtime {
     return {base + first, base + first + model_.tensors[tensor].elements};
   }
 
-  // ---- checkpoints ----
-  // One file per rank, <directory>/rank-<r>-of-<N>.chunkwise: a header (magic, format version, the model's name and a
-  // hash of its tensor list, the plan's name, ranks, rank, step count), then per chunk this rank's home parameters
-  // and owned Adam moments, and a CRC-32C over everything before it. Written to a temporary file, fsynced and renamed.
-  // Loading checks all of it and says which part does not match; it changes nothing unless everything does.
+  // ---- checkpoints (format and commit protocol: runtime/checkpoint_file.hpp) ----
 
-  /// Saves this rank's shard of the training state. Call between steps (after step()).
+  /// Saves the training state: each rank writes its owned pieces of every tensor, then rank 0 commits the step. A
+  /// collective call between steps (after step()); if any rank fails, every rank throws and the previous checkpoint
+  /// stays the committed one.
   void save_checkpoint(const std::filesystem::path& directory) {
-    std::string bytes = checkpoint_header();
-    for (auto& b : chunks_)
-      with_state(b, /*write=*/false, [&](auto home, auto moment1, auto moment2) {
-        for (const auto values : {home, moment1, moment2})
-          bytes.append(reinterpret_cast<const char*>(values.data()), values.size_bytes());
-      });
-    const std::uint32_t crc = crc32c(bytes.data(), bytes.size());
-    bytes.append(reinterpret_cast<const char*>(&crc), sizeof crc);
-    std::filesystem::create_directories(directory);
-    write_file_atomically(checkpoint_file(directory), bytes);
+    char step_name[32];
+    std::snprintf(step_name, sizeof step_name, "step-%09llu", static_cast<unsigned long long>(steps_));
+    const auto step_directory = directory / step_name;
+    agree("save", directory, [&] {
+      std::vector<checkpoint_piece> pieces;
+      std::vector<std::vector<float>> values;
+      for (auto& b : chunks_)
+        with_state(b, /*write=*/false, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
+          const std::size_t owned_end = b.owned.offset + b.owned.valid;
+          const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
+          for (const auto& slot : map_.chunks[b.index].slots) {
+            const std::size_t first = slot.offset / sizeof(float);
+            const std::size_t lo = std::max(first, b.owned.offset);
+            const std::size_t hi = std::min(first + model_.tensors[slot.tensor].elements, owned_end);
+            if (lo >= hi) continue;
+            const std::size_t n = hi - lo;
+            std::vector<float> v(3 * n);
+            std::copy_n(home.begin() + static_cast<std::ptrdiff_t>(lo - home_first), n, v.begin());
+            std::copy_n(moment1.begin() + static_cast<std::ptrdiff_t>(lo - b.owned.offset), n, v.begin() + static_cast<std::ptrdiff_t>(n));
+            std::copy_n(moment2.begin() + static_cast<std::ptrdiff_t>(lo - b.owned.offset), n, v.begin() + static_cast<std::ptrdiff_t>(2 * n));
+            pieces.push_back({slot.tensor, lo - first, n});
+            values.push_back(std::move(v));
+          }
+        });
+      std::filesystem::create_directories(step_directory);
+      write_file_atomically(checkpoint_rank_file(step_directory, static_cast<std::uint64_t>(ops_.rank()),
+                                                 static_cast<std::uint64_t>(ops_.ranks())),
+                            encode_checkpoint(identity(), std::move(pieces), values));
+    });
+    // Every rank's file is complete: commit, then drop older steps.
+    agree("commit", directory, [&] {
+      if (ops_.rank() != 0) return;
+      write_file_atomically(directory / "LATEST", std::string(step_name) + " " + std::to_string(ops_.ranks()));
+      for (const auto& entry : std::filesystem::directory_iterator(directory))
+        if (entry.is_directory() && entry.path().filename().string().rfind("step-", 0) == 0 &&
+            entry.path().filename() != step_name)
+          std::filesystem::remove_all(entry.path());
+    });
   }
 
-  /// Restores what save_checkpoint wrote for this rank with the same model, plan and rank count. A collective call:
-  /// the ranks agree on the outcome, so a shard that one rank cannot load fails every rank (never a hang).
+  /// Restores the committed checkpoint of `directory`, saved with any rank count and any plan of the same model
+  /// (resharding: each rank reads the pieces that overlap what it owns here). A collective call: the ranks agree on
+  /// the outcome, so a file that one rank cannot load fails every rank (never a hang), and nothing is restored
+  /// unless every rank has everything it needs.
   void load_checkpoint(const std::filesystem::path& directory) {
-    std::exception_ptr failure;
-    try {
-      load_checkpoint_shard(directory);
-    } catch (const error&) {
-      failure = std::current_exception();
+    std::vector<staged_chunk> staged;
+    std::uint64_t steps = 0;
+    agree("load", directory, [&] { staged = read_checkpoint(directory, steps); });
+    for (auto& b : chunks_) {
+      auto& from = staged[b.index];
+      with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
+        std::copy(from.home.begin(), from.home.end(), home.begin());
+        std::copy(from.moment1.begin(), from.moment1.end(), moment1.begin());
+        std::copy(from.moment2.begin(), from.moment2.end(), moment2.begin());
+      });
+      b.life = chunk_life(b.index, collective::shards_parameters || b.streamed ? chunk_state::released
+                                                                               : chunk_state::ready);
     }
-    const float failed = failure ? 1.0f : 0.0f;
-    float failures = 0.0f;
-    comm_->all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum).wait();
-    if (failure) std::rethrow_exception(failure);
-    if (failures > 0.0f)
-      detail::raise(error_code::io_error, "checkpoint '" + directory.string() + "': " +
-                                              std::to_string(static_cast<int>(failures)) +
-                                              " other rank(s) could not load their shard (their errors say why); "
-                                              "nothing was restored");
+    steps_ = steps;
   }
 
   [[nodiscard]] runtime_traffic traffic() const noexcept {
@@ -350,50 +379,120 @@ class runtime {
   }
 
  private:
-  void load_checkpoint_shard(const std::filesystem::path& directory) {
-    const auto file = checkpoint_file(directory);
-    if (!std::filesystem::exists(file)) {
-      std::string found;
-      if (std::filesystem::is_directory(directory))
-        for (const auto& entry : std::filesystem::directory_iterator(directory))
-          found += (found.empty() ? "" : ", ") + entry.path().filename().string();
-      detail::raise(error_code::io_error, "checkpoint: no '" + file.filename().string() + "' in '" + directory.string() +
-                                              "' (found: " + (found.empty() ? "nothing" : found) +
-                                              "); a checkpoint loads with the rank count it was saved with");
+  /// Runs `body`; then the ranks agree: if any rank failed, every rank throws (its own error, or one naming how many
+  /// other ranks failed).
+  template <class Body>
+  void agree(const char* what, const std::filesystem::path& directory, Body&& body) {
+    std::exception_ptr failure;
+    try {
+      body();
+    } catch (const std::exception&) {
+      failure = std::current_exception();
     }
-    const std::string bytes = read_file(file);
-    const std::string expected = checkpoint_header();
-    std::size_t body = 0;
-    for (const auto& b : chunks_) body += (b.home_elements + 2 * b.owned.elements) * sizeof(float);
-    if (bytes.size() < sizeof(std::uint32_t) || bytes.compare(0, 8, expected, 0, 8) != 0)
-      detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' is not a chunkwise checkpoint of this version");
-    std::uint32_t stored_crc = 0;
-    std::memcpy(&stored_crc, bytes.data() + bytes.size() - sizeof stored_crc, sizeof stored_crc);
-    if (crc32c(bytes.data(), bytes.size() - sizeof stored_crc) != stored_crc)
-      detail::raise(error_code::parse_error, "checkpoint '" + file.string() +
-                                                 "' is corrupted or truncated: its checksum does not match");
-    if (bytes.compare(0, expected.size() - sizeof(std::uint64_t), expected, 0, expected.size() - sizeof(std::uint64_t)) != 0)
-      detail::raise(error_code::invalid_argument,
-                    "checkpoint '" + file.string() + "' was saved for another model, plan or rank count (this run: " +
-                        model_.name.str() + ", " + Plan::name() + ", " + std::to_string(ops_.ranks()) + " ranks)");
-    if (bytes.size() != expected.size() + body + sizeof stored_crc)
-      detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' has " + std::to_string(bytes.size()) +
-                                                 " bytes; this model and plan need " +
-                                                 std::to_string(expected.size() + body + sizeof stored_crc));
-    std::uint64_t steps = 0;
-    std::memcpy(&steps, bytes.data() + expected.size() - sizeof steps, sizeof steps);
-    std::size_t at = expected.size();
-    for (auto& b : chunks_) {
-      with_state(b, /*write=*/true, [&](auto home, auto moment1, auto moment2) {
-        for (const auto values : {home, moment1, moment2}) {
-          std::memcpy(values.data(), bytes.data() + at, values.size_bytes());
-          at += values.size_bytes();
+    const float failed = failure ? 1.0f : 0.0f;
+    float failures = 0.0f;
+    comm_->all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum).wait();
+    if (failure) std::rethrow_exception(failure);
+    if (failures > 0.0f)
+      detail::raise(error_code::io_error, std::string("checkpoint ") + what + " '" + directory.string() + "': " +
+                                              std::to_string(static_cast<int>(failures)) +
+                                              " other rank(s) failed (their errors say why); " +
+                                              (std::string_view(what) == "load" ? "nothing was restored"
+                                                                                : "the previous checkpoint stays"));
+  }
+
+  /// What this rank restores into one chunk, and which of those elements the checkpoint covered.
+  struct staged_chunk {
+    std::vector<float> home, moment1, moment2;
+    std::vector<unsigned char> have_home, have_moments;
+  };
+
+  // Reads every rank file of the committed step, taking the pieces that overlap this rank's home parameters and
+  // owned moments in this run's layout; checks that every tensor element this rank needs was found.
+  std::vector<staged_chunk> read_checkpoint(const std::filesystem::path& directory, std::uint64_t& steps) const {
+    const checkpoint_commit commit = read_checkpoint_commit(directory);
+    const checkpoint_identity mine = identity();
+    std::vector<staged_chunk> staged(chunks_.size());
+    for (const auto& b : chunks_) {
+      auto& to = staged[b.index];
+      to.home.assign(b.home_elements, 0.0f);
+      to.moment1.assign(b.owned.elements, 0.0f);
+      to.moment2.assign(b.owned.elements, 0.0f);
+      to.have_home.assign(b.home_elements, 0);
+      to.have_moments.assign(b.owned.elements, 0);
+    }
+    for (std::uint64_t q = 0; q < commit.ranks; ++q) {
+      const auto file = checkpoint_rank_file(commit.step_directory, q, commit.ranks);
+      if (!std::filesystem::exists(file))
+        detail::raise(error_code::io_error, "checkpoint: '" + file.string() + "' is missing; LATEST names " +
+                                                std::to_string(commit.ranks) + " rank files in '" +
+                                                commit.step_directory.string() + "'");
+      checkpoint_reader reader(file);
+      const auto& id = reader.identity();
+      if (id.model != mine.model || id.tensor_hash != mine.tensor_hash)
+        detail::raise(error_code::invalid_argument, "checkpoint '" + file.string() + "' was saved for another model ('" +
+                                                        id.model + "'; this run trains '" + mine.model +
+                                                        "': its tensors' names or sizes differ)");
+      if (id.ranks != commit.ranks || id.rank != q || (q > 0 && id.steps != steps))
+        detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' says rank " + std::to_string(id.rank) +
+                                                   " of " + std::to_string(id.ranks) + " after " +
+                                                   std::to_string(id.steps) + " steps; LATEST and the other files "
+                                                   "disagree (a mixed or partly overwritten checkpoint)");
+      steps = id.steps;
+      for (std::size_t k = 0; k < reader.pieces().size(); ++k) {
+        const auto& piece = reader.pieces()[k];
+        if (piece.tensor >= model_.tensors.size() || piece.first + piece.elements > model_.tensors[piece.tensor].elements)
+          detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "': piece " + std::to_string(k) +
+                                                     " lies outside tensor " + std::to_string(piece.tensor));
+        const auto& location = map_.locations[piece.tensor];
+        const auto& b = chunks_[location.chunk];
+        auto& to = staged[location.chunk];
+        const std::size_t first = location.offset / sizeof(float) + piece.first, end = first + piece.elements;
+        const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
+        const std::size_t home_end = collective::shards_parameters ? b.owned.offset + b.owned.valid : b.full_elements;
+        const std::size_t owned_end = b.owned.offset + b.owned.valid;
+        const auto missing = [&](std::size_t lo, std::size_t hi, std::size_t base, const std::vector<unsigned char>& have) {
+          for (std::size_t i = lo; i < hi; ++i)
+            if (!have[i - base]) return true;
+          return false;
+        };
+        const std::size_t p_lo = std::max(first, home_first), p_hi = std::min(end, home_end);
+        const std::size_t m_lo = std::max(first, b.owned.offset), m_hi = std::min(end, owned_end);
+        const bool want_params = p_lo < p_hi && missing(p_lo, p_hi, home_first, to.have_home);
+        const bool want_moments = m_lo < m_hi && missing(m_lo, m_hi, b.owned.offset, to.have_moments);
+        if (!want_params && !want_moments) continue;
+        const std::vector<float> values = reader.read(k);
+        const std::size_t n = piece.elements;
+        for (std::size_t i = p_lo; i < p_hi; ++i) {
+          to.home[i - home_first] = values[i - first];
+          to.have_home[i - home_first] = 1;
         }
-      });
-      b.life = chunk_life(b.index, collective::shards_parameters || b.streamed ? chunk_state::released
-                                                                               : chunk_state::ready);
+        for (std::size_t i = m_lo; i < m_hi; ++i) {
+          to.moment1[i - b.owned.offset] = values[n + i - first];
+          to.moment2[i - b.owned.offset] = values[2 * n + i - first];
+          to.have_moments[i - b.owned.offset] = 1;
+        }
+      }
     }
-    steps_ = steps;
+    // Every element of every tensor this rank keeps must have been found.
+    for (const auto& b : chunks_) {
+      const auto& to = staged[b.index];
+      const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
+      const std::size_t home_end = collective::shards_parameters ? b.owned.offset + b.owned.valid : b.full_elements;
+      for (const auto& slot : map_.chunks[b.index].slots) {
+        const std::size_t first = slot.offset / sizeof(float), end = first + model_.tensors[slot.tensor].elements;
+        bool complete = true;
+        for (std::size_t i = std::max(first, home_first); i < std::min(end, home_end); ++i)
+          complete = complete && to.have_home[i - home_first];
+        for (std::size_t i = std::max(first, b.owned.offset); i < std::min(end, b.owned.offset + b.owned.valid); ++i)
+          complete = complete && to.have_moments[i - b.owned.offset];
+        if (!complete)
+          detail::raise(error_code::parse_error, "checkpoint '" + commit.step_directory.string() + "' misses part of tensor '" +
+                                                     model_.tensors[slot.tensor].name.str() + "'; its rank files do "
+                                                     "not cover the model");
+      }
+    }
+    return staged;
   }
 
   static constexpr std::size_t no_step = ~std::size_t{0};
@@ -600,22 +699,14 @@ class runtime {
                                                       " steps");
   }
 
-  std::filesystem::path checkpoint_file(const std::filesystem::path& directory) const {
-    return directory / ("rank-" + std::to_string(ops_.rank()) + "-of-" + std::to_string(ops_.ranks()) + ".chunkwise");
-  }
-  /// Magic and version (8 bytes), then what must match to load, then the step count (the last 8 bytes).
-  std::string checkpoint_header() const {
-    std::string header = "CHKWCK01";
+  checkpoint_identity identity() const {
     std::uint64_t tensor_hash = 1469598103934665603ull;  // FNV-1a over names and element counts
     for (const auto& t : model_.tensors) {
       for (const char c : t.name.view()) tensor_hash = (tensor_hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
       tensor_hash = (tensor_hash ^ t.elements) * 1099511628211ull;
     }
-    header += model_.name.str() + '\0' + Plan::name() + '\0';
-    const std::uint64_t fields[] = {tensor_hash, static_cast<std::uint64_t>(ops_.ranks()),
-                                    static_cast<std::uint64_t>(ops_.rank()), steps_};
-    header.append(reinterpret_cast<const char*>(fields), sizeof fields);
-    return header;
+    return {model_.name.str(), Plan::name(), tensor_hash, static_cast<std::uint64_t>(ops_.ranks()),
+            static_cast<std::uint64_t>(ops_.rank()), steps_};
   }
 
   model_profile model_;
