@@ -55,6 +55,7 @@ struct run_options {
   tier_stats* device_stats = nullptr;  // rank 0's device and host tier statistics at the end
   tier_stats* host_stats = nullptr;
   cache_stats* cache = nullptr;  // rank 0's device cache statistics at the end
+  int micro_batches = 0;  // > 0: explicit gradient hand-over after this many accumulated forward+backward passes
   std::size_t* chunks = nullptr;    // rank 0's chunk count and streamed chunks
   std::size_t* streamed = nullptr;
 };
@@ -65,7 +66,8 @@ template <class Plan>
 std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, const run_options& run = {}) {
   const auto config = tiny(1);
   const auto model = gpt2_profile(gpt2::profile_config(config));
-  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks),
+  const int micro = std::max(run.micro_batches, 1);
+  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks * micro),
                            config.context, seed);
   std::vector<std::vector<int>> tokens, targets;
   for (int s = 0; s < run.skip_batches; ++s) loader.next_batch();
@@ -88,6 +90,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         options.offloaded_chunks = run.offloaded_chunks;
         options.device_blocks = run.device_blocks;
         if (!run.nvme_directory.empty()) options.nvme_directory = run.nvme_directory;
+        if (run.micro_batches > 0) options.handover = gradient_handover::explicit_calls;
         runtime<Plan, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, seed),
@@ -97,14 +100,17 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         if (!run.save_to.empty() && run.save_after == 0) rt.save_checkpoint(run.save_to);  // resave what was loaded
         const std::size_t window = config.context;
         for (int s = 0; s < run.steps; ++s) {
-          const int* my_tokens = tokens[static_cast<std::size_t>(s)].data() + static_cast<std::size_t>(r) * window;
-          const int* my_targets = targets[static_cast<std::size_t>(s)].data() + static_cast<std::size_t>(r) * window;
           rt.zero_grad();
-          for (std::size_t i = 0; i < model.steps.size(); ++i) {
-            rt.acquire(i);
-            gpt2::run_profile_step(rt, model.steps[i], config, acts, my_tokens, my_targets);
-            rt.release(i);
+          for (int m = 0; m < micro; ++m) {
+            const std::size_t at = static_cast<std::size_t>(r * micro + m) * window;
+            for (std::size_t i = 0; i < model.steps.size(); ++i) {
+              const auto in_use = rt.use(i);
+              gpt2::run_profile_step(rt, model.steps[i], config, acts, tokens[static_cast<std::size_t>(s)].data() + at,
+                                     targets[static_cast<std::size_t>(s)].data() + at);
+            }
           }
+          if (run.micro_batches > 0)
+            for (std::uint32_t t = 0; t < model.tensors.size(); ++t) rt.grad_ready(t);
           rt.step(lr);
           if (!run.save_to.empty() && s + 1 == run.save_after) rt.save_checkpoint(run.save_to);
         }
@@ -139,14 +145,14 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
   return {result, statistics};
 }
 
-/// The plain trainer (no chunkwise): each rank's micro-batch through the same step functions with its own gradients,
-/// then averaged as the communicator does (fp32 sums in rank order, divided once; hybrid<G>: the mean over groups of
+/// The plain trainer (no chunkwise): each rank's micro-batches through the same step functions, accumulating its own
+/// gradients, then averaged as the communicator does (fp32 sums in rank order, divided once; hybrid<G>: the mean over groups of
 /// the group means), then the same AdamW.
-std::vector<std::vector<float>> reference(int ranks, int group = 0) {
+std::vector<std::vector<float>> reference(int ranks, int group = 0, int micro_batches = 1) {
   const auto config = tiny(1);
   gpt2::reference_trainer trainer(config, seed);
-  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks),
-                           config.context, seed);
+  gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train,
+                           static_cast<std::size_t>(ranks * micro_batches), config.context, seed);
   const std::size_t tensors = trainer.tensors().size();
   const auto average = [](const std::vector<const std::vector<std::vector<float>>*>& parts) {
     std::vector<std::vector<float>> mean = *parts[0];
@@ -161,10 +167,12 @@ std::vector<std::vector<float>> reference(int ranks, int group = 0) {
     loader.next_batch();
     std::vector<std::vector<std::vector<float>>> grads(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r) {
-      const std::size_t offset = static_cast<std::size_t>(r) * config.context;
       trainer.zero_gradients();
-      trainer.forward(loader.tokens().data() + offset, loader.targets().data() + offset);
-      trainer.backward(loader.tokens().data() + offset, loader.targets().data() + offset);
+      for (int m = 0; m < micro_batches; ++m) {  // micro-batches accumulate into the same gradients
+        const std::size_t offset = static_cast<std::size_t>(r * micro_batches + m) * config.context;
+        trainer.forward(loader.tokens().data() + offset, loader.targets().data() + offset);
+        trainer.backward(loader.tokens().data() + offset, loader.targets().data() + offset);
+      }
       for (std::size_t t = 0; t < tensors; ++t)
         grads[static_cast<std::size_t>(r)].emplace_back(trainer.gradient(t).begin(), trainer.gradient(t).end());
     }
@@ -458,4 +466,29 @@ TEST_CASE_TEMPLATE("a streamed plan resumes from its checkpoint bit for bit", Pl
   for (std::size_t t = 0; t < straight.size(); ++t) CHECK(straight[t] == resumed[t]);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(nvme);
+}
+
+TEST_CASE_TEMPLATE("explicit gradient hand-over accumulates micro-batches to the reference's sum", Plan, zero2_plan,
+                   zero3_plan, cached_pinned_plan) {
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    // One micro-batch: the same run as the profile's hand-over.
+    check_equal(train<Plan>(ranks, {.device_blocks = 2, .micro_batches = 1}).first, reference(ranks));
+    // Two micro-batches per rank accumulate before the reduction: the sum over micro-batches, the mean over ranks.
+    check_equal(train<Plan>(ranks, {.device_blocks = 2, .micro_batches = 2}).first, reference(ranks, 0, 2));
+  }
+}
+
+TEST_CASE("grad_ready is refused where it cannot be meant") {
+  const auto config = tiny(1);
+  const auto model = gpt2_profile(gpt2::profile_config(config));
+  thread_world world(1);
+  auto comm = world.comm(0);
+  runtime<zero2_plan, thread_comm> profiled(model, comm, gpt2::initializer(config, seed));
+  CHECK_THROWS_WITH_AS(profiled.grad_ready(0), doctest::Contains("gradient_handover::explicit_calls"), error);
+  runtime<zero2_plan, thread_comm> explicit_rt(model, comm, gpt2::initializer(config, seed),
+                                               {.handover = gradient_handover::explicit_calls});
+  explicit_rt.grad_ready(1);
+  CHECK_THROWS_WITH_AS(explicit_rt.grad_ready(1), doctest::Contains("already handed over"), error);
+  CHECK_THROWS_WITH_AS(explicit_rt.gradient(0), doctest::Contains("outside a backward step"), error);
 }

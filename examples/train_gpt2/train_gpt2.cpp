@@ -142,11 +142,10 @@ void train(const options& o, const model_profile& model, const machine_profile& 
           float loss = 0;
           for (std::size_t s = 0; s < model.steps.size(); ++s) {
             if (!backward && model.steps[s].kind == step_kind::backward) break;
-            rt.acquire(s);
+            const auto in_use = rt.use(s);  // acquire now, release at the end of the iteration
             const float step_loss =
                 gpt2::run_profile_step(rt, model.steps[s], config, acts, tokens.data() + first, targets.data() + first);
             if (model.steps[s].label.view() == "head" && model.steps[s].kind == step_kind::forward) loss = step_loss;
-            rt.release(s);
           }
           return loss;
         };

@@ -4,6 +4,7 @@
 //   released --fetch--> fetching --arrived--> ready --acquire--> in_use --release--> ready
 //   ready --evict--> released                               (the device copy is dropped; the home shard stays)
 //   in_use --release after its last backward--> grad_pending --reduced--> reduced
+//   ready or released --gradients handed over (grad_ready, after the chunk was released)--> grad_pending
 //   reduced --updated at home--> released                   (streamed chunks: the optimizer ran on the home tier)
 //   reduced --updated on device--> ready                    (resident chunks)
 //
@@ -37,9 +38,9 @@ constexpr std::string_view to_string(chunk_state state) noexcept {
 constexpr bool legal_transition(chunk_state from, chunk_state to) noexcept {
   using enum chunk_state;
   switch (from) {
-    case released: return to == fetching;
+    case released: return to == fetching || to == grad_pending;
     case fetching: return to == ready;
-    case ready: return to == in_use || to == released;
+    case ready: return to == in_use || to == released || to == grad_pending;
     case in_use: return to == in_use || to == ready || to == grad_pending;
     case grad_pending: return to == reduced;
     case reduced: return to == released || to == ready;
@@ -101,6 +102,8 @@ class chunk_life {
     }
     --users_;
   }
+  /// The trainer handed the chunk's gradients over (explicit hand-over) after its last release.
+  void handed_over() { move(chunk_state::grad_pending); }
   void reduced() { move(chunk_state::reduced); }
   /// The optimizer updated the chunk: on its home tier (the device copy is stale: released) or on the device (ready).
   void updated(bool on_device) { move(on_device ? chunk_state::ready : chunk_state::released); }

@@ -50,6 +50,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <filesystem>
 #include <functional>
 #include <list>
@@ -71,6 +72,13 @@ struct runtime_traffic {
   [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published + fetched; }
 };
 
+/// When a chunk's gradients are complete and its reduction may start.
+enum class gradient_handover : std::uint8_t {
+  profile,   // at the release of its last backward step in the profile (one forward and backward per step())
+  explicit_calls,  // when the trainer has called grad_ready for each of its tensors (gradient accumulation over
+                   // micro-batches, or any order the profile does not know)
+};
+
 struct runtime_options {
   optim::adam_config adam{};
   unsigned optimizer_threads = 1;
@@ -88,6 +96,7 @@ struct runtime_options {
   /// layout's own choice.
   std::optional<byte_count> chunk_bytes{};
   std::size_t prefetch_depth = 2;  // accesses of the profiled order fetched ahead
+  gradient_handover handover = gradient_handover::profile;
   std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // NVMe homes: the store's directory
 };
 
@@ -123,6 +132,9 @@ class runtime {
     for (std::size_t s = 0; s < model_.steps.size(); ++s)
       if (model_.steps[s].kind == step_kind::backward)
         for (const auto c : chunks_of(s)) last_backward_[c] = s;
+    handover_ = options.handover;
+    tensor_ready_.assign(model_.tensors.size(), 0);
+    chunk_ready_.assign(chunk_count, 0);
     const std::size_t resident = resident_chunk_count(options);
     const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer::min_offload_fraction *
                                                                 static_cast<double>(resident) + 0.5);
@@ -198,20 +210,66 @@ class runtime {
     const bool backward = model_.steps[step].kind == step_kind::backward;
     for (const auto c : chunks_of(step)) {
       auto& b = chunks_[c];
-      const bool gradients_complete = backward && last_backward_[c] == step && b.life.users() == 1;
+      const bool gradients_complete = handover_ == gradient_handover::profile && backward &&
+                                      last_backward_[c] == step && b.life.users() == 1;
       b.life.release(gradients_complete);
       if (gradients_complete) {
-        b.reduction = ops_.template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
-        traffic_.reduced += b.gradient.size() * sizeof(float);
-        reducing_.push_back(c);
-        drop_parameters(b);
+        start_reduction(b);
       } else if (b.life.state() == chunk_state::ready && (b.streamed || (collective::shards_parameters && !backward))) {
         // Streamed chunks give their cache block back; ZeRO-3 drops the gathered copy after forward (backward
         // gathers again).
         b.life.evict();
         drop_parameters(b);
       }
+      if (handed_over(b)) {
+        b.life.handed_over();
+        start_reduction(b);
+      }
     }
+  }
+
+  /// Explicit hand-over (runtime_options::handover = explicit_calls): tensor t's gradient is complete for this
+  /// iteration. A chunk's reduction starts once all its tensors are handed over and no step uses it.
+  void grad_ready(std::uint32_t tensor) {
+    const auto c = chunk_of(tensor);
+    if (handover_ != gradient_handover::explicit_calls)
+      detail::raise(error_code::illegal_state, "runtime::grad_ready: this runtime hands gradients over by the profile "
+                                               "(at each chunk's last backward release); set runtime_options::"
+                                               "handover = gradient_handover::explicit_calls to call grad_ready");
+    if (tensor_ready_[tensor])
+      detail::raise(error_code::illegal_state, "runtime::grad_ready: tensor " + std::to_string(tensor) + " ('" +
+                                                   model_.tensors[tensor].name.str() +
+                                                   "') was already handed over in this iteration");
+    tensor_ready_[tensor] = 1;
+    ++chunk_ready_[c];
+    auto& b = chunks_[c];
+    if (handed_over(b)) {
+      b.life.handed_over();
+      start_reduction(b);
+    }
+  }
+
+  /// Acquires a step's chunks for the guard's lifetime: `auto in_use = rt.use(step);`.
+  class step_guard {
+   public:
+    step_guard(const step_guard&) = delete;
+    step_guard& operator=(const step_guard&) = delete;
+    /// Releases the step, unless an exception is unwinding: a step that failed midway has incomplete gradients,
+    /// and releasing it could start a reduction the other ranks never join.
+    ~step_guard() noexcept(false) {
+      if (std::uncaught_exceptions() == unwinding_) owner_.release(step_);
+    }
+
+   private:
+    friend class runtime;
+    step_guard(runtime& owner, std::size_t step) : owner_(owner), step_(step) {}
+    runtime& owner_;
+    std::size_t step_;
+    int unwinding_ = std::uncaught_exceptions();
+  };
+  [[nodiscard]] step_guard use(std::size_t step) {
+    acquire(step);
+    return step_guard(*this, step);
   }
 
   /// The parameters of tensor t: valid between acquire and release of a step that touches it.
@@ -258,6 +316,8 @@ class runtime {
       b.life.updated(/*on_device=*/!collective::shards_parameters && !b.streamed);
     }
     reducing_.clear();
+    std::fill(tensor_ready_.begin(), tensor_ready_.end(), 0);
+    std::fill(chunk_ready_.begin(), chunk_ready_.end(), 0);
     if constexpr (streams)
       if (homes_) homes_->prefetch_ahead();
   }
@@ -637,6 +697,20 @@ class runtime {
     }
   }
 
+  // Explicit hand-over: every tensor of the chunk handed over, and no step holds it.
+  bool handed_over(const chunk_buffers& b) const {
+    return handover_ == gradient_handover::explicit_calls && chunk_ready_[b.index] == map_.chunks[b.index].slots.size() &&
+           (b.life.state() == chunk_state::ready || b.life.state() == chunk_state::released);
+  }
+  // The chunk's gradients are complete: reduce them (averaging over ranks) while the trainer goes on.
+  void start_reduction(chunk_buffers& b) {
+    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements);  // no backward touched it: zeros
+    b.reduction = ops_.template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
+    traffic_.reduced += b.gradient.size() * sizeof(float);
+    reducing_.push_back(b.index);
+    drop_parameters(b);
+  }
+
   // Device memory for a gathered chunk or a gradient accumulator. Past the budget, the gradients of finished
   // reductions go back first (waiting for the oldest if none has finished); out_of_memory only when none is left.
   detail::tier_buffer device_buffer(std::size_t elements) {
@@ -720,7 +794,10 @@ class runtime {
   std::vector<chunk_buffers> chunks_;  // after the tiers: destroyed first, returning their memory
   std::vector<std::size_t> last_backward_;
   std::list<std::uint32_t> reducing_;
-  std::size_t device_blocks_ = 0;  // chunks whose gradient reduction may still run, oldest first
+  std::size_t device_blocks_ = 0;
+  gradient_handover handover_ = gradient_handover::profile;
+  std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this iteration
+  std::vector<std::size_t> chunk_ready_;     // and how many per chunk  // chunks whose gradient reduction may still run, oldest first
   std::uint64_t steps_ = 0;
   runtime_traffic traffic_;
 };
