@@ -2,11 +2,11 @@
 # Runs the example trainer for a fixed number of steps under every feasible plan and under the automatic choice,
 # in one run, and compares the cost model's predicted step time with the measured one.
 # Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=1] [extra train_gpt2 flags...]
+# ROUNDS (environment, default 3): runs per plan, in alternating order; the median counts.
 # Prints a table (plan, predicted step s, measured step s, error) and as its last line
 #   plans max_prediction_error=E regret=R
 # E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time over the fastest
-# measured, minus 1. Measured step time = tokens per step / the trainer's tokens/s after the last step (which
-# includes the first, cold step: run enough steps).
+# measured, minus 1. Measured step time: the trainer's median step after the first (cold) one, the median over rounds.
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-60}"
@@ -28,17 +28,17 @@ for line in explain.splitlines():
         plans.append((m.group(2), float(m.group(3)) * seconds[m.group(4)]))
         if m.group(1) == "*":
             chosen = m.group(2)
-batch = context = None
-m = re.search(r"context (\d+), batch (\d+) per rank", explain)
-context, batch = int(m.group(1)), int(m.group(2))
-tokens_per_step = batch * context * ranks
+import os, statistics
+rounds = int(os.environ.get("ROUNDS", "3"))
+samples = {name: [] for name, _ in plans}
+for round_ in range(rounds):
+    for name, _ in (plans if round_ % 2 == 0 else reversed(plans)):
+        out = subprocess.run([trainer, "--plan", name, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
+                              str(ranks)] + extra, capture_output=True, text=True, check=True).stdout
+        samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)) * 1e-3)
 rows = []
 for name, predicted in plans:
-    out = subprocess.run([trainer, "--plan", name, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
-                          str(ranks)] + extra, capture_output=True, text=True, check=True).stdout
-    last = [l for l in out.splitlines() if l.startswith("step ")][-1]
-    tokens_per_second = float(re.search(r"([0-9.]+) tokens/s", last).group(1))
-    measured = tokens_per_step / tokens_per_second
+    measured = statistics.median(samples[name])
     rows.append((name, predicted, measured, abs(measured - predicted) / measured))
 print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}")
 for name, predicted, measured, error in rows:

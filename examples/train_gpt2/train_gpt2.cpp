@@ -20,6 +20,7 @@
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -106,6 +107,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
   std::vector<std::thread> threads;
   // Batches are drawn by rank 0 between two barriers, so every rank sees the same global batch.
   std::vector<int> tokens, targets;
+  std::vector<double> step_seconds;  // rank 0's time per training step
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.ranks; ++r)
     threads.emplace_back([&, r] {
@@ -157,10 +159,12 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             targets.assign(train_data.targets().begin(), train_data.targets().end());
           }
           comm.barrier().wait();
+          const auto step_start = std::chrono::steady_clock::now();
           rt.zero_grad();
           const float loss = mean_loss(run(true));
           rt.step(o.lr);
           if (r == 0) {
+            step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             const double tokens_per_second =
                 static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
@@ -185,6 +189,14 @@ void train(const options& o, const model_profile& model, const machine_profile& 
               if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
             }
           }
+        }
+        if (r == 0 && step_seconds.size() > 1) {
+          // The steady state: the first step (cold caches, first allocations) is left out.
+          std::vector<double> steady(step_seconds.begin() + 1, step_seconds.end());
+          std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
+          std::printf("timing: median step %.3f ms over %zu steps (the first excluded), device peak %s, pinned host peak %s\n",
+                      steady[steady.size() / 2] * 1e3, steady.size(), format_bytes(rt.device_stats().peak).c_str(),
+                      format_bytes(rt.host_stats().peak).c_str());
         }
         if (r == 0 && rt.streamed_chunks() > 0)
           std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
