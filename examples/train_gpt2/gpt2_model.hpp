@@ -33,6 +33,8 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 
+#include "matmul_engine.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -40,6 +42,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace gpt2 {
@@ -332,6 +335,8 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
 template <class Real>
 void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, std::size_t B, std::size_t T,
                     std::size_t C, std::size_t OC) {
+  if constexpr (std::is_same_v<Real, float>)
+    if (const auto* engine = installed_matmul_engine()) return engine->forward(out, inp, weight, bias, B * T, C, OC);
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
@@ -351,6 +356,9 @@ void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* 
 template <class Real>
 void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight,
                      std::size_t B, std::size_t T, std::size_t C, std::size_t OC) {
+  if constexpr (std::is_same_v<Real, float>)
+    if (const auto* engine = installed_matmul_engine())
+      return engine->backward(dinp, dweight, dbias, dout, inp, weight, B * T, C, OC);
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {

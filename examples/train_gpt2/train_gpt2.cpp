@@ -8,6 +8,8 @@
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
+//   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
+//   where the build has CUDA; chunk memory stays in the host backend's tiers)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
@@ -47,6 +49,7 @@ struct options {
   std::string checkpoint;
   bool resume = false;
   std::string nvme_dir;
+  std::string backend = "host";
 };
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
@@ -81,6 +84,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--checkpoint") o.checkpoint = value();
     else if (flag == "--resume") o.resume = true;
     else if (flag == "--nvme-dir") o.nvme_dir = value();
+    else if (flag == "--backend") o.backend = value();
     else if (flag == "--help" || flag == "-h") {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
@@ -89,6 +93,8 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.ranks > 64) detail::raise(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
+  if (o.backend != "host" && o.backend != "cuda")
+    detail::raise(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.resume && o.checkpoint.empty())
     detail::raise(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
   gpt2::validate(o.model);
@@ -215,11 +221,21 @@ void train(const options& o, const model_profile& model, const machine_profile& 
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
+    if (o.backend == "cuda") {
+#if CHUNKWISE_GPT2_CUDA
+      gpt2::installed_matmul_engine() = &gpt2::cuda_matmul_engine();
+      std::printf("backend: matrix products through %s on the GPU\n", gpt2::installed_matmul_engine()->name);
+#else
+      detail::raise(error_code::unsupported, "--backend cuda: this train_gpt2 was built without CUDA (the CUDA "
+                                             "toolkit was not found, or CHUNKWISE_CUDA=OFF)");
+#endif
+    }
     const model_profile model = gpt2::trace_profile(o.model);
     std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, context %zu, batch %zu per rank: %llu "
-                "parameters, %zu tensors, %zu steps (traced)\n",
+                "parameters, %zu tensors, %zu steps (traced), %.3f GFLOP per step per rank\n",
                 o.model.layers, o.model.channels, o.model.heads, o.model.context, o.model.batch,
-                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.steps.size());
+                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.steps.size(),
+                static_cast<double>(model.total_flops()) / 1e9);
     std::filesystem::path cache = o.measure_cache;
     if (cache.empty()) {
       const char* home = std::getenv("HOME");

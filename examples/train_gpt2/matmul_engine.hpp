@@ -1,0 +1,27 @@
+#pragma once
+// Where the model's matrix products run. By default the loops in gpt2_model.hpp (OpenMP on the CPU); a trainer may
+// install another engine for fp32, as train_gpt2 --backend cuda installs cuBLAS (cuda_matmul.cu). The products keep
+// llm.c's shapes: out (B*T, OC) = inp (B*T, C) . weight (OC, C)^T + bias; backward accumulates into dinp, dweight
+// and dbias (bias pointers may be null).
+#include <cstddef>
+
+namespace gpt2 {
+
+struct matmul_engine {
+  const char* name;
+  void (*forward)(float* out, const float* inp, const float* weight, const float* bias, std::size_t rows,
+                  std::size_t C, std::size_t OC);
+  void (*backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                   const float* weight, std::size_t rows, std::size_t C, std::size_t OC);
+};
+
+/// The installed engine, or null for the CPU loops. Install before training starts (it is not synchronised).
+inline const matmul_engine*& installed_matmul_engine() noexcept {
+  static const matmul_engine* engine = nullptr;
+  return engine;
+}
+
+/// The cuBLAS engine (cuda_matmul.cu), where the build has CUDA: throws chunkwise::error when no GPU is usable.
+const matmul_engine& cuda_matmul_engine();
+
+}  // namespace gpt2
