@@ -105,10 +105,10 @@ struct nvme_fault {
 class nvme_fault_injector {
  public:
   struct rule {
-    nvme_fault fault;
-    std::optional<nvme_op> op;             // empty: any operation
-    std::optional<std::uint32_t> block;    // empty: any block
-    std::optional<std::uint32_t> request;  // empty: any request of the block
+    nvme_fault fault{};
+    std::optional<nvme_op> op{};             // empty: any operation
+    std::optional<std::uint32_t> block{};    // empty: any block
+    std::optional<std::uint32_t> request{};  // empty: any request of the block
     std::uint64_t skip = 0;                // matching attempts let through before it acts
     std::uint64_t times = 1;               // attempts it acts on, then it is spent; 0: every matching attempt
   };
@@ -117,12 +117,13 @@ class nvme_fault_injector {
     std::lock_guard lock(mutex_);
     rules_.push_back(live_rule{r, 0, 0});
   }
-  /// Removes every rule: later attempts run clean.
+  /// Removes every rule and zeroes the count: later attempts run clean.
   void clear() {
     std::lock_guard lock(mutex_);
     rules_.clear();
+    injected_ = 0;
   }
-  /// Faults injected so far (all rules, cleared ones included).
+  /// Faults injected since construction or the last clear().
   [[nodiscard]] std::uint64_t injected() const {
     std::lock_guard lock(mutex_);
     return injected_;
