@@ -20,6 +20,8 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "tier_test_support.hpp"
@@ -44,7 +46,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 // Blocks of 256 KiB + 100 bytes in 64 KiB requests: 5 requests, the last one 4096 bytes (padded).
 nvme_options faulty_store(const std::filesystem::path& dir, nvme_io_path path,
-                          std::shared_ptr<nvme_fault_injector> faults) {
+                          std::shared_ptr<nvme_fault_injector> faults, bool direct_io = true) {
   nvme_options options;
   options.directory = dir;
   options.block_bytes = 256 * KiB + 100;
@@ -53,18 +55,21 @@ nvme_options faulty_store(const std::filesystem::path& dir, nvme_io_path path,
   options.queue_depth = 4;
   options.path = path;
   options.faults = std::move(faults);
+  options.direct_io = direct_io;
   return options;
 }
 
 // Runs `body` on a store of each I/O path: io_uring (skipped with a message where it is not built or not permitted)
-// and the pread/pwrite thread pool.
+// and the pread/pwrite thread pool, with O_DIRECT, and the thread pool once more through the page cache.
 void on_both_paths(const std::filesystem::path& dir, const std::shared_ptr<nvme_fault_injector>& faults,
                    const std::function<void(nvme_tier&)>& body) {
-  for (auto path : {nvme_io_path::io_uring, nvme_io_path::threads}) {
+  const std::pair<nvme_io_path, bool> variants[] = {
+      {nvme_io_path::io_uring, true}, {nvme_io_path::threads, true}, {nvme_io_path::threads, false}};
+  for (const auto& [path, direct] : variants) {
     faults->clear();
     std::unique_ptr<nvme_tier> store;
     try {
-      store = std::make_unique<nvme_tier>(faulty_store(dir, path, faults));
+      store = std::make_unique<nvme_tier>(faulty_store(dir, path, faults, direct));
     } catch (const chunkwise::error& e) {
       if (path != nvme_io_path::io_uring || e.code() != error_code::unsupported) throw;
       MESSAGE("io_uring case skipped: " << e.what());
@@ -123,6 +128,19 @@ TEST_CASE("short reads and writes are resumed until every byte moved, on both I/
     CHECK(faults->injected() == 7);
     CHECK(matches_random(buffer.data, bytes, 7));
 
+    // EINTR and EAGAIN are retried.
+    faults->clear();
+    faults->add({.fault = nvme_fault::fail(EINTR), .op = nvme_op::write, .request = 1, .times = 3});
+    faults->add({.fault = nvme_fault::fail(EAGAIN), .op = nvme_op::read, .request = 4, .times = 3});
+    fill_random(buffer.data, bytes, 8);
+    store.write(block, buffer.data, bytes);
+    std::memset(buffer.data, 0, buffer.bytes);
+    store.read(block, buffer.data, bytes);
+    CHECK(matches_random(buffer.data, bytes, 8));
+    CHECK(faults->injected() == 6);
+    fill_random(buffer.data, bytes, 7);
+    store.write(block, buffer.data, bytes);
+
     // A request that keeps moving less than one aligned unit makes no progress: a bounded retry, then io_error.
     faults->clear();
     faults->add({.fault = nvme_fault::short_by(64 * KiB), .op = nvme_op::read, .request = 1, .times = 0});
@@ -137,6 +155,41 @@ TEST_CASE("short reads and writes are resumed until every byte moved, on both I/
     store.read(block, buffer.data, bytes);
     CHECK(matches_random(buffer.data, bytes, 7));
     store.deallocate_sync(block);
+  });
+}
+
+TEST_CASE("retryable faults hitting several threads' requests in any order leave every block bit-exact") {
+  temp_dir dir;
+  auto faults = std::make_shared<nvme_fault_injector>();
+  on_both_paths(dir.path(), faults, [&](nvme_tier& store) {
+    // Each rule is spent after a few attempts, in whatever order the threads reach it: at most 12 attempts of one
+    // request make no progress, under the store's bound of 16.
+    faults->add({.fault = nvme_fault::short_by(1000), .times = 8});
+    faults->add({.fault = nvme_fault::fail(EAGAIN), .skip = 3, .times = 4});
+    faults->add({.fault = nvme_fault::sleep(std::chrono::milliseconds(1)), .skip = 5, .times = 8});
+    faults->add({.fault = nvme_fault::short_by(64 * KiB - 8192), .op = nvme_op::read, .skip = 2, .times = 8});
+    const byte_count bytes = store.block_bytes();
+    std::vector<nvme_block> blocks;
+    for (std::uint32_t b = 0; b < store.block_count(); ++b) blocks.push_back(store.allocate_sync(bytes));
+    std::vector<int> good(blocks.size(), 0);
+    std::vector<std::thread> workers;
+    for (std::size_t t = 0; t < blocks.size(); ++t) {
+      workers.emplace_back([&, t] {
+        staging buffer(bytes);
+        for (std::uint64_t round = 0; round < 4; ++round) {
+          const std::uint64_t seed = 1000 * round + t;
+          fill_random(buffer.data, bytes, seed);
+          store.write(blocks[t], buffer.data, bytes);
+          std::memset(buffer.data, 0, buffer.bytes);
+          store.read(blocks[t], buffer.data, bytes);
+          good[t] += matches_random(buffer.data, bytes, seed) ? 1 : 0;
+        }
+      });
+    }
+    for (auto& worker : workers) worker.join();
+    for (std::size_t t = 0; t < blocks.size(); ++t) CHECK(good[t] == 4);
+    CHECK(faults->injected() == 28);  // every rule spent
+    for (auto block : blocks) store.deallocate_sync(block);
   });
 }
 
@@ -389,7 +442,7 @@ TEST_CASE("a rank stalled past the timeout fails the collective on every rank, n
   constexpr int ranks = 3;
   constexpr std::size_t count = 300;
   auto faults = std::make_shared<thread_fault_injector>();
-  faults->stall(1, 2, std::chrono::milliseconds(400));
+  faults->stall(1, 2, std::chrono::milliseconds(800));  // 8 timeouts: no scheduler delay lets it arrive in time
   thread_world world(ranks, std::chrono::milliseconds(100), faults);
   std::vector<std::vector<float>> in, out;
   for (int r = 0; r < ranks; ++r) {
@@ -405,7 +458,7 @@ TEST_CASE("a rank stalled past the timeout fails the collective on every rank, n
     CHECK(out[r][count - 1] == sum_at(ranks, count - 1));
     std::fill(out[r].begin(), out[r].end(), sentinel);
   }
-  // Operation #2: rank 1 sleeps 400 ms before arriving; the others give up after 100 ms.
+  // Operation #2: rank 1 sleeps 800 ms before arriving; the others give up after 100 ms.
   for (int r = 0; r < ranks; ++r)
     second.push_back(world.comm(r).all_reduce(std::span<const float>(in[r]), std::span<float>(out[r]), reduce_op::sum));
   for (int r = 0; r < ranks; ++r) {
