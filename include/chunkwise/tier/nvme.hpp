@@ -109,8 +109,8 @@ class nvme_fault_injector {
     std::optional<nvme_op> op{};             // empty: any operation
     std::optional<std::uint32_t> block{};    // empty: any block
     std::optional<std::uint32_t> request{};  // empty: any request of the block
-    std::uint64_t skip = 0;                // matching attempts let through before it acts
-    std::uint64_t times = 1;               // attempts it acts on, then it is spent; 0: every matching attempt
+    std::uint64_t skip = 0;                  // matching attempts let through before it acts
+    std::uint64_t times = 1;                 // attempts it acts on, then it is spent; 0: every matching attempt
   };
 
   void add(const rule& r) {
