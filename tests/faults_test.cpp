@@ -279,6 +279,50 @@ TEST_CASE("a write that fails (ENOSPC, EIO) leaves its block unreadable, never s
   }
 }
 
+TEST_CASE("an io_uring submission the kernel refuses fails the I/O, retires the ring, and the next I/O works") {
+  temp_dir dir;
+  auto faults = std::make_shared<nvme_fault_injector>();
+  std::unique_ptr<nvme_tier> store;
+  try {
+    store = std::make_unique<nvme_tier>(faulty_store(dir.path(), nvme_io_path::io_uring, faults));
+  } catch (const chunkwise::error& e) {
+    if (e.code() != error_code::unsupported) throw;
+    MESSAGE("skipped: " << e.what());
+    return;
+  }
+  const byte_count bytes = store->block_bytes();
+  staging buffer(bytes);
+  const nvme_block block = store->allocate_sync(bytes);
+  fill_random(buffer.data, bytes, 40);
+  store->write(block, buffer.data, bytes);
+  // The first batch of the read (requests 0..3) is refused; then the second batch of a read, with requests in flight.
+  for (const std::uint64_t skip : {0, 1}) {
+    CAPTURE(skip);
+    faults->clear();
+    faults->add({.fault = nvme_fault::fail(EAGAIN), .op = nvme_op::submit, .skip = skip});
+    const std::string message = message_of([&] { store->read(block, buffer.data, bytes); });
+    CAPTURE(message);
+    CHECK(message.find("io_error") == 0);
+    CHECK(contains(message, "io_uring_submit took 0 of"));
+    CHECK(contains(message, std::strerror(EAGAIN)));
+    CHECK(contains(message, "read of block " + std::to_string(block.slot)));
+    std::memset(buffer.data, 0, buffer.bytes);
+    store->read(block, buffer.data, bytes);  // a fresh ring; nothing of the refused batch runs later
+    CHECK(matches_random(buffer.data, bytes, 40));
+  }
+  // A refused write: the block is refused until written again.
+  faults->clear();
+  faults->add({.fault = nvme_fault::fail(EBUSY), .op = nvme_op::submit});
+  fill_random(buffer.data, bytes, 41);
+  CHECK(contains(message_of([&] { store->write(block, buffer.data, bytes); }), std::strerror(EBUSY)));
+  CHECK(contains(message_of([&] { store->read(block, buffer.data, bytes); }), "whose last write failed"));
+  fill_random(buffer.data, bytes, 41);
+  store->write(block, buffer.data, bytes);
+  std::memset(buffer.data, 0, buffer.bytes);
+  store->read(block, buffer.data, bytes);
+  CHECK(matches_random(buffer.data, bytes, 41));
+}
+
 TEST_CASE("delays on every request change only the time, never the bytes") {
   temp_dir dir;
   auto faults = std::make_shared<nvme_fault_injector>();

@@ -59,19 +59,22 @@ enum class nvme_io_path : std::uint8_t {
   threads,    // the pread/pwrite thread pool
 };
 
-enum class nvme_op : std::uint8_t { read, write, allocate };
+enum class nvme_op : std::uint8_t { read, write, allocate, submit };
 
 constexpr const char* to_string(nvme_op op) noexcept {
   switch (op) {
     case nvme_op::read: return "read";
     case nvme_op::write: return "write";
     case nvme_op::allocate: return "allocate";
+    case nvme_op::submit: return "submit";
   }
   return "?";
 }
 
 /// One attempt of one request, as the fault injector sees it. `allocate` is the store's fallocate (block, request
-/// and attempt 0; bytes: the store file's size).
+/// and attempt 0; bytes: the store file's size). `submit` is an io_uring_submit of a batch of requests (io_uring
+/// path only; request: the first of the batch, bytes: 0); only an error or a delay acts on it, and an error stands
+/// in for the call: the batch stays unsubmitted, as when the kernel refuses it.
 struct nvme_attempt {
   nvme_op op = nvme_op::read;
   std::uint32_t block = 0;    // the block's slot
@@ -106,7 +109,7 @@ class nvme_fault_injector {
  public:
   struct rule {
     nvme_fault fault{};
-    std::optional<nvme_op> op{};             // empty: any operation
+    std::optional<nvme_op> op{};             // empty: any read or write (allocate and submit only when named)
     std::optional<std::uint32_t> block{};    // empty: any block
     std::optional<std::uint32_t> request{};  // empty: any request of the block
     std::uint64_t skip = 0;                  // matching attempts let through before it acts
@@ -133,7 +136,8 @@ class nvme_fault_injector {
     std::lock_guard lock(mutex_);
     for (live_rule& live : rules_) {
       const rule& r = live.spec;
-      if ((r.op && *r.op != attempt.op) || (r.block && *r.block != attempt.block) ||
+      const bool transfer = attempt.op == nvme_op::read || attempt.op == nvme_op::write;
+      if ((r.op ? *r.op != attempt.op : !transfer) || (r.block && *r.block != attempt.block) ||
           (r.request && *r.request != attempt.request))
         continue;
       if (live.seen++ < r.skip) continue;
@@ -615,22 +619,27 @@ class nvme_tier {
     auto submit_more = [&] {
       const std::size_t first_new = next;
       unsigned queued = 0;
+      std::size_t first_queued = 0;
       while (!failure && in_flight + queued < options_.queue_depth) {
-        if (!resume.empty()) {
-          if (!queue(resume.back())) break;
-          resume.pop_back();
-        } else if (next < segments.size()) {
-          if (!queue(next)) break;
-          ++next;
-        } else {
-          break;
-        }
-        ++queued;
+        const std::size_t i = !resume.empty() ? resume.back() : next;
+        if (i == segments.size() || !queue(i)) break;
+        if (!resume.empty()) resume.pop_back();
+        else ++next;
+        if (queued++ == 0) first_queued = i;
       }
       if (queued == 0) return;
       int rc = 0;
-      do rc = io_uring_submit(ring);
-      while (rc == -EINTR);
+      nvme_fault fault{};
+      if (options_.faults)
+        fault = options_.faults->on_attempt({nvme_op::submit, block.slot, segments[first_queued].index,
+                                             segments[first_queued].offset, 0, 0});
+      if (fault.what == nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
+      if (fault.what == nvme_fault::kind::error) {
+        rc = -fault.error_number;  // stands in for the call: the batch stays in the ring, unsubmitted
+      } else {
+        do rc = io_uring_submit(ring);
+        while (rc == -EINTR);
+      }
       // The kernel only reads a write's buffer: its checksum is computed while the device works.
       if (writing)
         for (std::size_t i = first_new; i < next; ++i)
@@ -644,7 +653,7 @@ class nvme_tier {
       lease.broken = true;
       in_flight += rc > 0 ? static_cast<std::size_t>(rc) : 0;
       failure = std::make_exception_ptr(
-          error(error_code::io_error, io_context(writing ? "write" : "read", block, segments[next == 0 ? 0 : next - 1]) +
+          error(error_code::io_error, io_context(writing ? "write" : "read", block, segments[first_queued]) +
                                           ": io_uring_submit took " + std::to_string(rc > 0 ? rc : 0) + " of " +
                                           std::to_string(queued) + " requests" +
                                           (rc < 0 ? std::string(": ") + std::strerror(-rc) : std::string())));
