@@ -336,8 +336,13 @@ class thread_world;
 
 class thread_comm {
  public:
-  /// Completion of one operation: wait() blocks until it ran and rethrows its error; test() polls (true also when
-  /// it failed: wait() then throws). Default-constructed: complete.
+  /// Completion of one operation: wait() blocks until it ran and rethrows its error (at every call); test() polls
+  /// (true also when it failed: wait() then throws). Default-constructed: complete.
+  ///
+  /// A shared_future, not a future: future::get() lets go of the shared state (and with it the worker's reference
+  /// to a failure) before the caller's handler reads the exception, so the worker may free the exception while
+  /// it is read as far as ThreadSanitizer can tell (exception_ptr counts inside uninstrumented libstdc++).
+  /// Here the request keeps the state, and the exception, until it is destroyed on the caller's side.
   class request {
    public:
     request() = default;
@@ -350,8 +355,8 @@ class thread_comm {
 
    private:
     friend class thread_comm;
-    explicit request(std::future<void> done) : done_(std::move(done)) {}
-    std::future<void> done_;
+    explicit request(std::future<void> done) : done_(done.share()) {}
+    std::shared_future<void> done_;
   };
 
   [[nodiscard]] int rank() const noexcept { return rank_; }

@@ -723,7 +723,10 @@ class nvme_tier {
           failure = std::current_exception();
         }
         std::lock_guard lock(state.mutex);
-        if (failure && !state.failure) state.failure = failure;
+        // This thread lets go of its reference under the lock: the waiter may rethrow and free the exception as
+        // soon as it sees remaining == 0 (and ThreadSanitizer cannot see exception_ptr's own atomic count).
+        if (failure && !state.failure) state.failure = std::move(failure);
+        failure = nullptr;
         if (--state.remaining == 0) state.done.notify_all();
       });
     }
