@@ -339,10 +339,10 @@ class thread_comm {
   /// Completion of one operation: wait() blocks until it ran and rethrows its error (at every call); test() polls
   /// (true also when it failed: wait() then throws). Default-constructed: complete.
   ///
-  /// A shared_future, not a future: future::get() lets go of the shared state (and with it the worker's reference
-  /// to a failure) before the caller's handler reads the exception, so the worker may free the exception while
-  /// it is read as far as ThreadSanitizer can tell (exception_ptr counts inside uninstrumented libstdc++).
-  /// Here the request keeps the state, and the exception, until it is destroyed on the caller's side.
+  /// A shared_future, not a future: future::get() drops the caller's reference to the shared state before the
+  /// caller's handler reads the exception, leaving the worker's task the last owner, which may then free the
+  /// exception while it is read as far as ThreadSanitizer can tell (exception_ptr counts live in uninstrumented
+  /// libstdc++). Here the request keeps the state, and the exception, until it is destroyed on the caller's side.
   class request {
    public:
     request() = default;
