@@ -20,6 +20,12 @@
 // on it throws at once, naming the first failure. Once all ranks have arrived, an operation runs to its end.
 // Ranks that call different operations at the same point (kind, dtype, element count, reduce op or root differ)
 // also fail the group, with a message that shows both calls.
+//
+// Tests switch on faults through a thread_fault_injector given to the world: a rank's worker sleeps before arriving
+// at a chosen operation (a stall), or stops arriving from a chosen operation on (a rank that died). A stall shorter
+// than the timeout changes nothing but the time; a longer one, or a stop, fails the operation with comm_error on every
+// rank, naming the late rank, before any rank touched an output buffer. Without an injector the cost is one
+// null-pointer test per operation.
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
@@ -41,6 +47,58 @@
 #include <vector>
 
 namespace chunkwise {
+
+/// Faults for a thread_world's ranks (tests). Thread-safe: every rank's worker consults it before each operation.
+///
+///   auto faults = std::make_shared<chunkwise::thread_fault_injector>();
+///   faults->stall(2, 1, std::chrono::milliseconds(300));  // rank 2 sleeps 300 ms before its first operation
+///   chunkwise::thread_world world(4, std::chrono::milliseconds(100), faults);
+class thread_fault_injector {
+ public:
+  /// Rank `rank` of the groups named `group` (the world is "world", the parts of its split by color c "world/c";
+  /// empty: every group) sleeps `delay` before arriving at its operation number `operation` (from 1, per group).
+  void stall(int rank, std::uint64_t operation, std::chrono::milliseconds delay, std::string group = "world") {
+    std::lock_guard lock(mutex_);
+    rules_.push_back(rule{rank, operation, delay, false, std::move(group)});
+  }
+  /// Rank `rank` stops at its operation number `operation` of the groups named `group`: from then on it never
+  /// arrives there, as a rank that died; its own requests fail with comm_error at once, its peers' at the timeout.
+  void stop(int rank, std::uint64_t operation, std::string group = "world") {
+    std::lock_guard lock(mutex_);
+    rules_.push_back(rule{rank, operation, {}, true, std::move(group)});
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    rules_.clear();
+  }
+
+  struct action {
+    std::chrono::milliseconds stall{0};
+    bool stop = false;
+  };
+  /// What rank `rank` of group `group` meets before its operation number `operation`.
+  [[nodiscard]] action before(const std::string& group, int rank, std::uint64_t operation) const {
+    std::lock_guard lock(mutex_);
+    action result;
+    for (const rule& r : rules_) {
+      if (r.rank != rank || (!r.group.empty() && r.group != group)) continue;
+      if (r.stop && operation >= r.operation) result.stop = true;
+      if (!r.stop && operation == r.operation) result.stall += r.delay;
+    }
+    return result;
+  }
+
+ private:
+  struct rule {
+    int rank;
+    std::uint64_t operation;
+    std::chrono::milliseconds delay;
+    bool stop;
+    std::string group;
+  };
+  mutable std::mutex mutex_;
+  std::vector<rule> rules_;
+};
 
 namespace detail {
 
@@ -128,13 +186,15 @@ struct op_slot {
 /// The rendezvous of a set of ranks (a world or one part of a split).
 class thread_group {
  public:
-  thread_group(int ranks, std::chrono::milliseconds timeout, std::string name)
-      : ranks_(ranks), timeout_(timeout), name_(std::move(name)), arrived_(ranks, 0), slots_(ranks),
-        operations_(ranks, 0), created_(ranks) {}
+  thread_group(int ranks, std::chrono::milliseconds timeout, std::string name,
+               std::shared_ptr<thread_fault_injector> faults = nullptr)
+      : ranks_(ranks), timeout_(timeout), name_(std::move(name)), faults_(std::move(faults)), arrived_(ranks, 0),
+        slots_(ranks), operations_(ranks, 0), created_(ranks) {}
 
   [[nodiscard]] int size() const noexcept { return ranks_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] const std::shared_ptr<thread_fault_injector>& faults() const noexcept { return faults_; }
 
   /// What a running operation sees once every rank has published its slot.
   class view {
@@ -162,6 +222,7 @@ class thread_group {
   template <class Body>
   void run(int rank, const op_slot& mine, Body&& body) {
     const std::uint64_t number = ++operations_[rank];  // only this rank's worker touches its counter
+    if (faults_) inject_fault(rank, mine, number);
     arrive_and_wait(rank, &mine, number, true);
     check_same_call(number);
     view v(*this, rank, number);
@@ -210,6 +271,17 @@ class thread_group {
     }
   }
 
+  // Before arriving: a stall sleeps, a stop throws from this rank's worker without arriving (its peers time out).
+  void inject_fault(int rank, const op_slot& mine, std::uint64_t number) const {
+    const thread_fault_injector::action fault = faults_->before(name_, rank, number);
+    if (fault.stall.count() > 0) std::this_thread::sleep_for(fault.stall);
+    if (fault.stop)
+      throw error(error_code::comm_error, "thread_comm '" + name_ + "': rank " + std::to_string(rank) +
+                                              " stopped before " + to_string(mine.kind) + " #" +
+                                              std::to_string(number) +
+                                              " (fault injected): it no longer arrives at operations of this group");
+  }
+
   void check_same_call(std::uint64_t number) {
     // Under the lock: after a mismatch a peer may already be publishing its next operation.
     std::unique_lock lock(mutex_);
@@ -248,6 +320,7 @@ class thread_group {
   const int ranks_;
   const std::chrono::milliseconds timeout_;
   const std::string name_;
+  const std::shared_ptr<thread_fault_injector> faults_;  // null: no faults (tests only)
   std::mutex mutex_;
   std::condition_variable ready_;
   std::vector<std::uint64_t> arrived_;     // rendezvous each rank has reached (guarded by mutex_)
@@ -263,8 +336,13 @@ class thread_world;
 
 class thread_comm {
  public:
-  /// Completion of one operation: wait() blocks until it ran and rethrows its error; test() polls (true also when
-  /// it failed: wait() then throws). Default-constructed: complete.
+  /// Completion of one operation: wait() blocks until it ran and rethrows its error (at every call); test() polls
+  /// (true also when it failed: wait() then throws). Default-constructed: complete.
+  ///
+  /// A shared_future, not a future: future::get() drops the caller's reference to the shared state before the
+  /// caller's handler reads the exception, leaving the worker's task the last owner, which may then free the
+  /// exception while it is read as far as ThreadSanitizer can tell (exception_ptr counts live in uninstrumented
+  /// libstdc++). Here the request keeps the state, and the exception, until it is destroyed on the caller's side.
   class request {
    public:
     request() = default;
@@ -277,8 +355,8 @@ class thread_comm {
 
    private:
     friend class thread_comm;
-    explicit request(std::future<void> done) : done_(std::move(done)) {}
-    std::future<void> done_;
+    explicit request(std::future<void> done) : done_(done.share()) {}
+    std::shared_future<void> done_;
   };
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -372,7 +450,8 @@ class thread_comm {
       const int leader = members.front().second;
       if (rank == leader)
         peers.created() = std::make_shared<detail::thread_group>(static_cast<int>(members.size()), parent->timeout(),
-                                                                 parent->name() + "/" + std::to_string(color));
+                                                                 parent->name() + "/" + std::to_string(color),
+                                                                 parent->faults());
       peers.sync();  // the leader's group is published
       result->group = peers.created(leader);
       for (std::size_t i = 0; i < members.size(); ++i)
@@ -415,14 +494,16 @@ class thread_world {
  public:
   static constexpr std::chrono::milliseconds default_timeout{60'000};
 
-  explicit thread_world(int ranks, std::chrono::milliseconds timeout = default_timeout) {
+  /// `faults` (tests): stalls and stops of ranks, in this world and in every communicator split from it.
+  explicit thread_world(int ranks, std::chrono::milliseconds timeout = default_timeout,
+                        std::shared_ptr<thread_fault_injector> faults = nullptr) {
     if (ranks < 1)
       detail::raise(error_code::invalid_argument,
                     "thread_world of " + std::to_string(ranks) + " ranks: a world has at least 1 rank");
     if (timeout.count() <= 0)
       detail::raise(error_code::invalid_argument, "thread_world timeout of " + std::to_string(timeout.count()) +
                                                       " ms: give a positive time to wait for a peer");
-    group_ = std::make_shared<detail::thread_group>(ranks, timeout, "world");
+    group_ = std::make_shared<detail::thread_group>(ranks, timeout, "world", std::move(faults));
     for (int r = 0; r < ranks; ++r) workers_.push_back(std::make_shared<detail::rank_worker>());
   }
 

@@ -7,6 +7,15 @@
 // Buffers handed to read/write must be aligned to `io_alignment` and have room for round_up(bytes, io_alignment)
 // (the pinned staging buffers of the transfer engine are). A block is read back with the byte count it was written
 // with: chunks move whole.
+//
+// A request the kernel completes short is resumed until it has moved all its bytes (from the last io_alignment
+// boundary it reached, which O_DIRECT needs); a failed request fails the whole read or write with an io_error naming
+// the call, the block, the request, the file and errno's text. A write that fails leaves its block unreadable: its
+// bytes on disk are partly old and partly new, and the next read of it throws io_error instead of returning them.
+//
+// Tests switch on faults through `nvme_options::faults` (an nvme_fault_injector): every attempt of every request
+// asks it whether to report a short transfer, an errno, or to sleep first. It acts on the system call's result, where
+// the real one is handled, on both I/O paths. Without an injector the cost is one null-pointer test per attempt.
 #include <chunkwise/backend/detail/task_queue.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
@@ -22,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -31,8 +41,10 @@
 #include <memory>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #if CHUNKWISE_HAS_URING
@@ -47,6 +59,107 @@ enum class nvme_io_path : std::uint8_t {
   threads,    // the pread/pwrite thread pool
 };
 
+enum class nvme_op : std::uint8_t { read, write, allocate, submit };
+
+constexpr const char* to_string(nvme_op op) noexcept {
+  switch (op) {
+    case nvme_op::read: return "read";
+    case nvme_op::write: return "write";
+    case nvme_op::allocate: return "allocate";
+    case nvme_op::submit: return "submit";
+  }
+  return "?";
+}
+
+/// One attempt of one request, as the fault injector sees it. `allocate` is the store's fallocate (block, request
+/// and attempt 0; bytes: the store file's size). `submit` is an io_uring_submit of a batch of requests (io_uring
+/// path only; request: the first of the batch, bytes: 0); only an error or a delay acts on it, and an error stands
+/// in for the call: the batch stays unsubmitted, as when the kernel refuses it.
+struct nvme_attempt {
+  nvme_op op = nvme_op::read;
+  std::uint32_t block = 0;    // the block's slot
+  std::uint32_t request = 0;  // the request's index within the block
+  byte_count offset = 0;      // file offset this attempt starts at
+  byte_count bytes = 0;       // bytes this attempt asked for
+  unsigned attempt = 0;       // 0, then 1, 2, ... for the resumptions of a short transfer
+};
+
+/// What happens to one attempt: nothing, a short transfer (`missing` bytes fewer than the system call moved, at
+/// least 1 byte still moved), a failure with `error_number` (whatever the call did), or a sleep before the result is
+/// handled.
+struct nvme_fault {
+  enum class kind : std::uint8_t { none, short_transfer, error, delay };
+  kind what = kind::none;
+  byte_count missing = 0;
+  int error_number = 0;
+  std::chrono::microseconds delay{0};
+
+  static nvme_fault short_by(byte_count missing) { return {kind::short_transfer, missing, 0, {}}; }
+  static nvme_fault fail(int error_number) { return {kind::error, 0, error_number, {}}; }
+  static nvme_fault sleep(std::chrono::microseconds delay) { return {kind::delay, 0, 0, delay}; }
+};
+
+/// A thread-safe list of rules, consulted by the store for every attempt (requests complete on several threads).
+/// The first live rule that matches an attempt acts on it.
+///
+///   auto faults = std::make_shared<chunkwise::nvme_fault_injector>();
+///   faults->add({.fault = chunkwise::nvme_fault::fail(EIO), .op = chunkwise::nvme_op::read, .block = 3});
+///   options.faults = faults;   // the store's next read of block 3 fails with EIO; the one after succeeds
+class nvme_fault_injector {
+ public:
+  struct rule {
+    nvme_fault fault{};
+    std::optional<nvme_op> op{};             // empty: any read or write (allocate and submit only when named)
+    std::optional<std::uint32_t> block{};    // empty: any block
+    std::optional<std::uint32_t> request{};  // empty: any request of the block
+    std::uint64_t skip = 0;                  // matching attempts let through before it acts
+    std::uint64_t times = 1;                 // attempts it acts on, then it is spent; 0: every matching attempt
+  };
+
+  void add(const rule& r) {
+    std::lock_guard lock(mutex_);
+    rules_.push_back(live_rule{r, 0, 0});
+  }
+  /// Removes every rule and zeroes the count: later attempts run clean.
+  void clear() {
+    std::lock_guard lock(mutex_);
+    rules_.clear();
+    injected_ = 0;
+  }
+  /// Faults injected since construction or the last clear().
+  [[nodiscard]] std::uint64_t injected() const {
+    std::lock_guard lock(mutex_);
+    return injected_;
+  }
+
+  [[nodiscard]] nvme_fault on_attempt(const nvme_attempt& attempt) {
+    std::lock_guard lock(mutex_);
+    for (live_rule& live : rules_) {
+      const rule& r = live.spec;
+      const bool transfer = attempt.op == nvme_op::read || attempt.op == nvme_op::write;
+      if ((r.op ? *r.op != attempt.op : !transfer) || (r.block && *r.block != attempt.block) ||
+          (r.request && *r.request != attempt.request))
+        continue;
+      if (live.seen++ < r.skip) continue;
+      if (r.times != 0 && live.acted >= r.times) continue;
+      ++live.acted;
+      ++injected_;
+      return r.fault;
+    }
+    return {};
+  }
+
+ private:
+  struct live_rule {
+    rule spec;
+    std::uint64_t seen;   // matching attempts so far
+    std::uint64_t acted;  // attempts it acted on
+  };
+  mutable std::mutex mutex_;
+  std::vector<live_rule> rules_;
+  std::uint64_t injected_ = 0;
+};
+
 struct nvme_options {
   std::filesystem::path directory = std::filesystem::temp_directory_path();
   byte_count capacity = 0;      // bytes the store file holds (rounded down to whole blocks)
@@ -55,6 +168,7 @@ struct nvme_options {
   unsigned queue_depth = 4;     // requests in flight
   nvme_io_path path = nvme_io_path::automatic;
   bool direct_io = true;        // O_DIRECT; where the file system refuses it (tmpfs) the store says so and runs buffered
+  std::shared_ptr<nvme_fault_injector> faults;  // tests: faults injected into I/O results; null: none
 };
 
 /// A block of the store. Default-constructed: no block.
@@ -80,6 +194,7 @@ class nvme_tier {
     // Bookkeeping before the file: nothing may fail after the file exists without removing it.
     checksums_.assign(std::size_t{slots_} * segments_per_slot_, 0);
     written_bytes_.assign(slots_, 0);
+    write_failed_.assign(slots_, 0);
     allocated_.assign(slots_, 0);
     free_slots_.reserve(slots_);
     for (std::uint32_t s = slots_; s > 0; --s) free_slots_.push_back(s - 1);
@@ -118,6 +233,7 @@ class nvme_tier {
     const std::uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     written_bytes_[slot] = 0;
+    write_failed_[slot] = 0;
     allocated_[slot] = 1;
     return nvme_block{slot};
   }
@@ -141,8 +257,12 @@ class nvme_tier {
   /// (the transfer engine calls it from its own worker).
   void write(nvme_block block, const void* src, byte_count bytes) {
     check_io(block, src, bytes, "write");
-    written_bytes_[block.slot] = 0;  // a failed write leaves the block unreadable, not stale
+    // Until the write has fully succeeded the block is unreadable: a failed write leaves it partly old, partly new
+    // on disk, with the new checksums, so its next read throws rather than return stale or mixed bytes.
+    written_bytes_[block.slot] = 0;
+    write_failed_[block.slot] = 1;
     run_io(block, const_cast<void*>(src), bytes, /*writing=*/true);
+    write_failed_[block.slot] = 0;
     written_bytes_[block.slot] = bytes;
     budget_.note_written(bytes);
   }
@@ -150,6 +270,10 @@ class nvme_tier {
   void read(nvme_block block, void* dst, byte_count bytes) {
     check_io(block, dst, bytes, "read");
     const byte_count written = written_bytes_[block.slot];
+    if (write_failed_[block.slot] != 0)
+      detail::raise(error_code::io_error, "NVMe tier: read of block " + std::to_string(block.slot) +
+                                              ", whose last write failed: its bytes on disk are partly those of "
+                                              "that write, so the store refuses them; write the block again");
     if (written == 0)
       detail::raise(error_code::illegal_state, "NVMe tier: read of block " + std::to_string(block.slot) +
                                            ", which holds no data (never written, or its last write failed)");
@@ -266,6 +390,14 @@ class nvme_tier {
       e = ::posix_fallocate(fd_, 0, static_cast<off_t>(file_bytes));  // returns the error number
       rc = e == 0 ? 0 : -1;
     }
+    if (options_.faults) {
+      const nvme_fault fault = options_.faults->on_attempt({nvme_op::allocate, 0, 0, 0, file_bytes, 0});
+      if (fault.what == nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
+      if (fault.what == nvme_fault::kind::error) {
+        rc = -1;
+        e = fault.error_number;
+      }
+    }
     if (rc != 0) {
       std::string why;
       if (e == ENOSPC) {
@@ -379,6 +511,78 @@ class nvme_tier {
            std::to_string(s.offset) + " of " + file_.string() + ")";
   }
 
+  // One request across its attempts. `moved` stays a multiple of io_alignment: a transfer the kernel completes short
+  // is resumed from the last aligned byte it reached (O_DIRECT needs aligned offsets; moving the tail of an aligned
+  // unit twice is harmless: a read reads the same bytes, a write writes them).
+  struct progress {
+    byte_count moved = 0;
+    unsigned attempts = 0;
+    unsigned without_progress = 0;  // consecutive attempts that moved no aligned unit (short, EINTR, EAGAIN)
+  };
+  static constexpr unsigned max_attempts_without_progress = 16;
+
+  // The result of one attempt (bytes moved, or -errno) as the store handles it: the system call's own, or what the
+  // fault injector makes of it.
+  long long observed(bool writing, nvme_block block, const segment& s, const progress& p, long long result) const {
+    if (!options_.faults) return result;
+    const nvme_fault fault = options_.faults->on_attempt({writing ? nvme_op::write : nvme_op::read, block.slot,
+                                                          s.index, s.offset + p.moved, s.length - p.moved,
+                                                          p.attempts});
+    switch (fault.what) {
+      case nvme_fault::kind::none: return result;
+      case nvme_fault::kind::delay: std::this_thread::sleep_for(fault.delay); return result;
+      case nvme_fault::kind::error: return -static_cast<long long>(fault.error_number);
+      case nvme_fault::kind::short_transfer:
+        return result <= 0 ? result : std::max<long long>(1, result - static_cast<long long>(fault.missing));
+    }
+    return result;
+  }
+
+  // Takes the result of one attempt of request `s`: true when the request has moved all its bytes, false when it
+  // must be resumed at `p.moved`; throws io_error when it failed or keeps making no progress.
+  bool advance(bool writing, const char* call, nvme_block block, const segment& s, progress& p, long long result) const {
+    ++p.attempts;
+    const char* op = writing ? "write" : "read";
+    if (result == -EINTR || result == -EAGAIN || (result > 0 && p.moved + static_cast<byte_count>(result) < s.length &&
+                                                  round_down(p.moved + static_cast<byte_count>(result), io_alignment) ==
+                                                      p.moved)) {
+      if (++p.without_progress < max_attempts_without_progress) return false;
+      detail::raise(error_code::io_error,
+                    io_context(op, block, s) + ": " + call + " made no progress in " +
+                        std::to_string(max_attempts_without_progress) + " attempts after " + std::to_string(p.moved) +
+                        " bytes (last result: " +
+                        (result < 0 ? std::string(std::strerror(static_cast<int>(-result)))
+                                    : "a short transfer of " + std::to_string(result) + " bytes") +
+                        ")");
+    }
+    if (result < 0) {
+      const int e = static_cast<int>(-result);
+      std::string context = io_context(op, block, s);
+      if (e == ENOSPC) {
+        context += " (disk full: the write still needed " + std::to_string(s.length - p.moved) + " bytes of this " +
+                   std::to_string(s.length) + "-byte request";
+        if (struct statvfs fs {}; ::statvfs(options_.directory.c_str(), &fs) == 0)
+          context += "; '" + options_.directory.string() + "' has " +
+                     format_bytes(byte_count{fs.f_bavail} * fs.f_frsize) + " free";
+        context += "; the store file was preallocated, so the file system under it ran out of blocks: free space)";
+      }
+      detail::raise_posix(call, e, context);
+    }
+    if (result == 0)
+      detail::raise(error_code::io_error, io_context(op, block, s) + ": " + call + " moved 0 bytes after " +
+                                              std::to_string(p.moved) + " of " + std::to_string(s.length) +
+                                              (writing ? "" : " (end of file: the store file is shorter than it was made)"));
+    const byte_count reached = p.moved + static_cast<byte_count>(result);
+    if (reached >= s.length) return true;
+    p.moved = round_down(reached, io_alignment);
+    p.without_progress = 0;
+    return false;
+  }
+
+  static constexpr byte_count round_down(byte_count value, byte_count alignment) noexcept {
+    return value - value % alignment;
+  }
+
   void run_io(nvme_block block, void* buffer, byte_count bytes, bool writing) {
     const auto segments = segments_of(block, buffer, bytes);
 #if CHUNKWISE_HAS_URING
@@ -389,40 +593,70 @@ class nvme_tier {
 
 #if CHUNKWISE_HAS_URING
   // Keeps queue_depth requests in flight; checksums of a write are computed just after its submission, those of a
-  // read just after its completion and the refill of the queue, so the CPU work overlaps the device's.
+  // read just after its completion and the refill of the queue, so the CPU work overlaps the device's. A request
+  // completed short goes back in the queue for the rest of its bytes.
   void run_uring(nvme_block block, const std::vector<segment>& segments, bool writing) {
     ring_lease lease(*this);
     io_uring* const ring = lease.ring;
+    const char* const call = writing ? "io_uring write" : "io_uring read";
+    std::vector<progress> state(segments.size());
+    std::vector<std::size_t> resume;  // requests completed short, to submit again
     std::size_t next = 0, in_flight = 0;
     std::exception_ptr failure;
+    auto queue = [&](std::size_t i) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      if (sqe == nullptr) return false;
+      const segment& s = segments[i];
+      const byte_count at = state[i].moved;
+      if (writing) {
+        io_uring_prep_write(sqe, fd_, s.buffer + at, static_cast<unsigned>(s.length - at), s.offset + at);
+      } else {
+        io_uring_prep_read(sqe, fd_, s.buffer + at, static_cast<unsigned>(s.length - at), s.offset + at);
+      }
+      io_uring_sqe_set_data64(sqe, i);
+      return true;
+    };
     auto submit_more = [&] {
+      const std::size_t first_new = next;
       unsigned queued = 0;
-      while (!failure && next < segments.size() && in_flight < options_.queue_depth) {
-        const segment& s = segments[next];
-        io_uring_sqe* sqe = io_uring_get_sqe(ring);
-        if (sqe == nullptr) break;
-        if (writing) {
-          io_uring_prep_write(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
-        } else {
-          io_uring_prep_read(sqe, fd_, s.buffer, static_cast<unsigned>(s.length), s.offset);
-        }
-        io_uring_sqe_set_data64(sqe, next);
-        ++next;
-        ++in_flight;
-        ++queued;
+      std::size_t first_queued = 0;
+      while (!failure && in_flight + queued < options_.queue_depth) {
+        const std::size_t i = !resume.empty() ? resume.back() : next;
+        if (i == segments.size() || !queue(i)) break;
+        if (!resume.empty()) resume.pop_back();
+        else ++next;
+        if (queued++ == 0) first_queued = i;
       }
-      if (queued > 0) {
-        const int rc = io_uring_submit(ring);
-        // The kernel only reads a write's buffer: its checksum is computed while the device works.
-        if (writing)
-          for (std::size_t i = next - queued; i < next; ++i)
-            checksum_of(block, segments[i].index) = crc32c(segments[i].buffer, segments[i].length);
-        if (rc < 0 && !failure)
-          failure = std::make_exception_ptr(error(error_code::io_error, io_context(writing ? "write" : "read", block,
-                                                                                     segments[next - 1]) +
-                                                                            ": io_uring_submit failed: " +
-                                                                            std::strerror(-rc)));
+      if (queued == 0) return;
+      int rc = 0;
+      nvme_fault fault{};
+      if (options_.faults)
+        fault = options_.faults->on_attempt({nvme_op::submit, block.slot, segments[first_queued].index,
+                                             segments[first_queued].offset, 0, 0});
+      if (fault.what == nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
+      if (fault.what == nvme_fault::kind::error) {
+        rc = -fault.error_number;  // stands in for the call: the batch stays in the ring, unsubmitted
+      } else {
+        do rc = io_uring_submit(ring);
+        while (rc == -EINTR);
       }
+      // The kernel only reads a write's buffer: its checksum is computed while the device works.
+      if (writing)
+        for (std::size_t i = first_new; i < next; ++i)
+          checksum_of(block, segments[i].index) = crc32c(segments[i].buffer, segments[i].length);
+      if (rc == static_cast<int>(queued)) {
+        in_flight += queued;
+        return;
+      }
+      // Requests the kernel did not take stay in the ring, where its next user would submit them: retire the ring
+      // (its exit drops them) once those that were taken have completed, and fail.
+      lease.broken = true;
+      in_flight += rc > 0 ? static_cast<std::size_t>(rc) : 0;
+      failure = std::make_exception_ptr(
+          error(error_code::io_error, io_context(writing ? "write" : "read", block, segments[first_queued]) +
+                                          ": io_uring_submit took " + std::to_string(rc > 0 ? rc : 0) + " of " +
+                                          std::to_string(queued) + " requests" +
+                                          (rc < 0 ? std::string(": ") + std::strerror(-rc) : std::string())));
     };
     submit_more();
     while (in_flight > 0) {
@@ -435,21 +669,24 @@ class nvme_tier {
         std::rethrow_exception(std::make_exception_ptr(
             error(error_code::io_error, std::string("NVMe tier: io_uring_wait_cqe failed: ") + std::strerror(-rc))));
       }
-      const auto& s = segments[static_cast<std::size_t>(io_uring_cqe_get_data64(cqe))];
-      const int result = cqe->res;
+      const auto index = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
+      const segment& s = segments[index];
+      const long long result = cqe->res;
       io_uring_cqe_seen(ring, cqe);
       --in_flight;
-      submit_more();  // refill the queue first; then verify this request while the others run
+      bool complete = false;
       if (!failure) {
         try {
-          if (result < 0) {
-            detail::raise_posix(writing ? "io_uring write" : "io_uring read", -result,
-                                io_context(writing ? "write" : "read", block, s));
-          } else if (static_cast<byte_count>(result) != s.length) {
-            detail::raise(error_code::io_error, io_context(writing ? "write" : "read", block, s) + ": short transfer of " +
-                                            std::to_string(result) + " bytes");
-          }
-          if (!writing) verify(block, s);
+          complete = advance(writing, call, block, s, state[index], observed(writing, block, s, state[index], result));
+          if (!complete) resume.push_back(index);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      submit_more();  // refill the queue first; then verify this request while the others run
+      if (complete && !writing && !failure) {
+        try {
+          verify(block, s);
         } catch (...) {
           failure = std::current_exception();
         }
@@ -472,26 +709,24 @@ class nvme_tier {
         std::exception_ptr failure;
         try {
           if (writing) checksum_of(block, s.index) = crc32c(s.buffer, s.length);
-          byte_count moved = 0;
-          while (moved < s.length) {
-            const auto offset = static_cast<off_t>(s.offset + moved);
-            const ssize_t n = writing ? ::pwrite(fd_, s.buffer + moved, s.length - moved, offset)
-                                      : ::pread(fd_, s.buffer + moved, s.length - moved, offset);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0)
-              detail::raise_posix(writing ? "pwrite" : "pread", errno,
-                                  io_context(writing ? "write" : "read", block, s));
-            if (n == 0)
-              detail::raise(error_code::io_error, io_context(writing ? "write" : "read", block, s) +
-                                              ": end of file after " + std::to_string(moved) + " bytes");
-            moved += static_cast<byte_count>(n);
+          progress p;
+          for (;;) {
+            const auto offset = static_cast<off_t>(s.offset + p.moved);
+            const ssize_t n = writing ? ::pwrite(fd_, s.buffer + p.moved, s.length - p.moved, offset)
+                                      : ::pread(fd_, s.buffer + p.moved, s.length - p.moved, offset);
+            const long long result = n < 0 ? -static_cast<long long>(errno) : static_cast<long long>(n);
+            if (advance(writing, writing ? "pwrite" : "pread", block, s, p, observed(writing, block, s, p, result)))
+              break;
           }
           if (!writing) verify(block, s);
         } catch (...) {
           failure = std::current_exception();
         }
         std::lock_guard lock(state.mutex);
-        if (failure && !state.failure) state.failure = failure;
+        // This thread lets go of its reference under the lock: the waiter may rethrow and free the exception as
+        // soon as it sees remaining == 0 (and ThreadSanitizer cannot see exception_ptr's own atomic count).
+        if (failure && !state.failure) state.failure = std::move(failure);
+        failure = nullptr;
         if (--state.remaining == 0) state.done.notify_all();
       });
     }
@@ -563,6 +798,7 @@ class nvme_tier {
   std::vector<std::uint32_t> free_slots_;
   std::vector<std::uint32_t> checksums_;
   std::vector<byte_count> written_bytes_;
+  std::vector<unsigned char> write_failed_;  // per slot: its last write did not complete
   std::vector<unsigned char> allocated_;  // per slot; read by I/O threads for their own slots only
 };
 
