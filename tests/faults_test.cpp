@@ -409,15 +409,15 @@ TEST_CASE("a faulty NVMe fetch surfaces as io_error at acquire; acquiring again 
   CHECK(matches_random(cache.acquire(2), chunk, 102));
   cache.release(2);
 
-  // A dirty chunk whose write-back fails at flush: flush throws, the cached copy keeps the new bytes, and writing it
-  // back again once the fault is gone stores them.
+  // A dirty chunk whose write-back fails at flush: flush throws, the cached copy keeps the new bytes and stays dirty,
+  // so the next flush, once the fault is gone, stores them.
   void* data = cache.acquire(3);
   fill_random(data, chunk, 200);
   cache.release(3, /*dirty=*/true);
   faults->add({.fault = nvme_fault::fail(EIO), .op = nvme_op::write, .block = homes[3].slot});
   CHECK(contains(message_of([&] { cache.flush(); }), std::strerror(EIO)));
   CHECK(matches_random(cache.acquire(3), chunk, 200));
-  cache.release(3, /*dirty=*/true);
+  cache.release(3);  // not marked dirty again: the failed flush kept it dirty
   cache.flush();
   {
     staging buffer(chunk);

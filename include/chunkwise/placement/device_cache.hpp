@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -170,17 +171,24 @@ class device_cache {
     slot.used_until = std::move(used_until);
   }
 
-  /// Writes every dirty chunk back to its home and waits; the cached copies stay valid and clean.
+  /// Writes every dirty chunk back to its home and waits; the cached copies stay valid and clean. A write-back that
+  /// fails leaves its chunk dirty (the cached copy is then the only good one) and rethrows after the others finish.
   void flush() {
-    std::vector<transfer_type> pending;
+    std::vector<std::pair<std::size_t, transfer_type>> pending;
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       auto& slot = blocks_[b];
-      if (slot.chunk != no_chunk && slot.dirty) {
-        auto done = write_back(static_cast<std::uint32_t>(slot.chunk), slot);
-        pending.push_back(done);
+      if (slot.chunk != no_chunk && slot.dirty) pending.emplace_back(b, write_back(static_cast<std::uint32_t>(slot.chunk), slot));
+    }
+    std::exception_ptr failure;
+    for (auto& [b, done] : pending) {
+      try {
+        done.wait();
+      } catch (...) {
+        blocks_[b].dirty = true;
+        if (!failure) failure = std::current_exception();
       }
     }
-    for (auto& done : pending) done.wait();
+    if (failure) std::rethrow_exception(failure);
   }
 
   /// Drops the cached copy of `chunk` because its home changed (the optimizer updated it there): the next acquire
