@@ -19,7 +19,8 @@
 // cold cache along the profiled chunk order: every streamed chunk changed at home last step), device-to-host gradient
 // moves and NVMe reads: phase = max of those + the first fetch, which nothing hides. The update runs on the device
 // for (R - Roff) chunks and on the host's cores, shared by all ranks, for S + Roff chunks, concurrently with NVMe state
-// streaming and the upload of updated resident parameters: optimizer = max of those.
+// streaming and the upload of updated resident parameters: optimizer = max of those (on the host backend, whose device
+// is the CPU, the two updates share the cores and add up).
 // step = phase + optimizer.
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
@@ -180,9 +181,12 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
 
   // The update: device kernel for resident chunks with states on device; host kernel for the rest, its cores shared
   // by every rank of the machine; NVMe streams states (and streamed parameters) in and out concurrently.
+  // On the host backend the "device" is the CPU: device and host updates share the same cores, every rank's
+  // included, so they add up instead of overlapping.
+  const bool shared_cores = machine.kind == device_kind::host;
   const double elements_per_chunk = static_cast<double>(s.state) / s.state_bytes_per_element;
-  const double device_update = elements_per_chunk * static_cast<double>(resident - offloaded) /
-                               machine.device_optimizer_params_per_second;
+  const double device_update = elements_per_chunk * static_cast<double>(resident - offloaded) *
+                               (shared_cores ? ranks : 1) / machine.device_optimizer_params_per_second;
   const double host_update = elements_per_chunk * static_cast<double>(streamed + offloaded) * ranks /
                              machine.host_optimizer_params_per_second;
   const double state_bytes_on_nvme = static_cast<double>(s.state) *
@@ -191,8 +195,8 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double nvme_states = seconds(state_bytes_on_nvme * ranks, machine.nvme_read_bytes_per_second) +
                              seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
   const double upload = seconds(static_cast<double>(offloaded * s.parameter), machine.host_to_device_bytes_per_second);
-  t.optimizer = std::max(device_update, host_update);
-  const double update = std::max({device_update, host_update, nvme_states, upload}) +
+  t.optimizer = shared_cores ? device_update + host_update : std::max(device_update, host_update);
+  const double update = std::max({t.optimizer, nvme_states, upload}) +
                         (offloaded > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) : 0.0);
 
   t.nvme = nvme_fetch + nvme_states;
