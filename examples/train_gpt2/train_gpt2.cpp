@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <exception>
 #include <string>
 #include <thread>
@@ -219,6 +220,13 @@ void train(const options& o, const model_profile& model, const machine_profile& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP's default spin-waiting threads fight the runtime's own threads (communicator workers, the optimizer pool,
+  // transfer movers) and any other process for the cores: measured here, a step took 10x longer. The wait policy is
+  // read when the OpenMP runtime loads, so set it and start again (once; an explicit setting is kept).
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "passive", 1);
+    ::execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
+  }
   try {
     const options o = parse(argc, argv);
     if (o.backend == "cuda") {
