@@ -226,8 +226,12 @@ template <class PlanSet>
 }
 }  // namespace detail
 
-/// The fastest plan that fits, with its knobs and prediction; ties go to the earlier plan. Throws
-/// error_code::out_of_memory naming the closest plan and the memory it would need when none fits.
+/// Predictions closer than this (relative) are a tie: the cost model is not that precise, and the earlier plan of the
+/// set (sets list the simpler plans first) is the safer choice.
+inline constexpr double choice_tie_tolerance = 0.01;
+
+/// The fastest plan that fits, with its knobs and prediction; ties (within choice_tie_tolerance) go to the earlier
+/// plan. Throws error_code::out_of_memory naming the closest plan and the memory it would need when none fits.
 template <class PlanSet>
 constexpr choice<PlanSet> choose(const model_profile& model, const machine_profile& machine) {
   choice<PlanSet> result;
@@ -235,7 +239,7 @@ constexpr choice<PlanSet> choose(const model_profile& model, const machine_profi
   bool found = false;
   for (std::size_t i = 0; i < PlanSet::size; ++i) {
     const auto& p = result.plans[i];
-    if (p.feasible && (!found || p.time.step < result.predicted.time.step)) {
+    if (p.feasible && (!found || p.time.step < result.predicted.time.step * (1.0 - choice_tie_tolerance))) {
       result.index = i;
       result.predicted = p;
       found = true;
