@@ -127,24 +127,49 @@ class rank_worker {
     return done;
   }
 
+  /// Runs `task` on the calling thread when nothing is queued or running (so issue order holds): an operation that
+  /// waits for no peer (a one-rank group) then costs no thread hand-off. Otherwise queues it as submit() does.
+  std::future<void> run_now_or_submit(std::packaged_task<void()> task) {
+    {
+      std::unique_lock lock(mutex_);
+      if (!queue_.empty() || running_) {
+        lock.unlock();
+        return submit(std::move(task));
+      }
+      running_ = true;
+    }
+    std::future<void> done = task.get_future();
+    task();
+    {
+      std::lock_guard lock(mutex_);
+      running_ = false;
+    }
+    ready_.notify_one();
+    return done;
+  }
+
  private:
   void run() {
     for (;;) {
       std::packaged_task<void()> task;
       {
         std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        ready_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        running_ = true;
       }
       task();  // exceptions land in the task's future
+      std::lock_guard lock(mutex_);
+      running_ = false;
     }
   }
 
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::packaged_task<void()>> queue_;
+  bool running_ = false;  // a task runs (on the worker, or inline on the issuing thread)
   bool stopping_ = false;
   std::thread thread_;  // last: starts after the queue exists
 };
@@ -471,6 +496,8 @@ class thread_comm {
     std::packaged_task<void()> task([group = group_, rank = rank_, mine, body = std::move(body)]() mutable {
       group->run(rank, mine, body);
     });
+    // A one-rank group meets no peer: run inline (no fault injection to honour, which needs the worker's timing).
+    if (group_->size() == 1 && group_->faults() == nullptr) return request(worker_->run_now_or_submit(std::move(task)));
     return request(worker_->submit(std::move(task)));
   }
 
