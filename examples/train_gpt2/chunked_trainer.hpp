@@ -106,10 +106,11 @@ inline chunkwise::model_profile trace_profile(const model_config& config) {
 
 /// The FLOP/s the model's step functions reach on this machine with `ranks` thread ranks computing at once: each rank
 /// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch, and the
-/// profile's FLOPs per iteration are divided by the slowest rank's time. The cost model's compute rate for this
-/// trainer (a generic GEMM benchmark overstates naive loops several times).
+/// profile's FLOPs per iteration are divided by the slowest rank's median iteration (a median, so a burst of other
+/// work on the machine does not set the rate). The cost model's compute rate for this trainer (a generic GEMM
+/// benchmark overstates naive loops several times).
 inline double measure_step_flops(const model_config& config, const chunkwise::model_profile& model, int ranks,
-                                 int iterations = 3) {
+                                 int iterations = 7) {
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0.0);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
@@ -126,10 +127,14 @@ inline double measure_step_flops(const model_config& config, const chunkwise::mo
         trainer.backward(tokens.data(), targets.data());
       };
       pass();
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < iterations; ++i) pass();
-      seconds[static_cast<std::size_t>(r)] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+      std::vector<double> times;
+      for (int i = 0; i < iterations; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        pass();
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+      seconds[static_cast<std::size_t>(r)] = times[times.size() / 2];
     });
   for (auto& t : threads) t.join();
   return static_cast<double>(model.total_flops()) / *std::max_element(seconds.begin(), seconds.end());
