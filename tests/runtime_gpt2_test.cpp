@@ -4,6 +4,8 @@
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/layout.hpp>
 #include <chunkwise/placement.hpp>
+#include <chunkwise/plan/default_plans.hpp>
+#include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/runtime/runtime.hpp>
@@ -491,4 +493,17 @@ TEST_CASE("grad_ready is refused where it cannot be meant") {
   explicit_rt.grad_ready(1);
   CHECK_THROWS_WITH_AS(explicit_rt.grad_ready(1), doctest::Contains("already handed over"), error);
   CHECK_THROWS_WITH_AS(explicit_rt.gradient(0), doctest::Contains("outside a backward step"), error);
+}
+
+TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameters on 1, 2 and 4 ranks") {
+  const auto nvme = scratch_directory("chunkwise_default_plans_");
+  for (std::size_t i = 0; i < default_plans::size; ++i)
+    dispatch<default_plans>(i, [&]<class Plan>(std::type_identity<Plan>) {
+      for (const int ranks : {1, 2, 4}) {
+        CAPTURE(Plan::name());
+        CAPTURE(ranks);
+        check_equal(train<Plan>(ranks, {.device_blocks = 2, .nvme_directory = nvme}).first, reference(ranks));
+      }
+    });
+  std::filesystem::remove_all(nvme);
 }

@@ -420,6 +420,13 @@ class runtime {
       if (homes_) return homes_->stats();
     return {};
   }
+  /// Peak and current bytes of the streamed chunks' home tier (pinned host, host or the NVMe store; zero when every
+  /// chunk is resident).
+  [[nodiscard]] tier_stats home_stats() const noexcept {
+    if constexpr (streams)
+      if (homes_) return homes_->home_stats();
+    return {};
+  }
   /// Chunks streamed from the placement's home (0 for resident placements).
   [[nodiscard]] std::size_t streamed_chunks() const noexcept {
     if constexpr (streams)
