@@ -8,7 +8,6 @@
 #include <chunkwise/layout.hpp>
 #include <chunkwise/optim/state_io.hpp>
 #include <chunkwise/placement/device_cache.hpp>
-#include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/search.hpp>
 #include <chunkwise/profile.hpp>
@@ -97,19 +96,17 @@ model_profile runtime_model(const char* name = "two-layer") {
 
 using replicated_plan = plan<layout::per_tensor, resident, replicated, optimizer_follows_home>;
 using zero2_plan = plan<layout::per_tensor, resident, shard_grads, optimizer_follows_home>;
-using zero3_plan = plan<layout::per_tensor, resident, sharded, optimizer_follows_home>;
-using runtime_plans = plan_set<replicated_plan, zero2_plan, zero3_plan>;
+using runtime_plans = plan_set<replicated_plan, zero2_plan>;
 
 struct run_options {
   model_profile model = runtime_model();
   runtime_options runtime{};
-  int steps = 1;
   std::string save_to{};
   std::string load_from{};
 };
 
-/// One training iteration (gradient 1 everywhere) per step on `ranks` thread ranks, rank r under plan_of(r) (an
-/// index into runtime_plans). Returns each rank's error, or null.
+/// One training iteration on `ranks` thread ranks, rank r under plan_of(r) (an index into runtime_plans): every step
+/// adds 1 to the gradients of the tensors it touches. Returns each rank's error, or null.
 std::vector<std::exception_ptr> train(int ranks, const run_options& run, const std::function<std::size_t(int)>& plan_of) {
   thread_world world(ranks, 5000ms);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
@@ -123,16 +120,14 @@ std::vector<std::exception_ptr> train(int ranks, const run_options& run, const s
             std::fill(v.begin(), v.end(), 0.5f);
           }, run.runtime);
           if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
-          for (int s = 0; s < run.steps; ++s) {
-            rt.zero_grad();
-            for (std::size_t i = 0; i < run.model.steps.size(); ++i) {
-              rt.acquire(i);
-              for (const auto t : run.model.steps[i].tensors)
-                for (float& g : rt.gradient(t)) g += 1.0f;
-              rt.release(i);
-            }
-            rt.step(1e-3f);
+          rt.zero_grad();
+          for (std::size_t i = 0; i < run.model.steps.size(); ++i) {
+            rt.acquire(i);
+            for (const auto t : run.model.steps[i].tensors)
+              for (float& g : rt.gradient(t)) g += 1.0f;
+            rt.release(i);
           }
+          rt.step(1e-3f);
           if (!run.save_to.empty()) rt.save_checkpoint(run.save_to);
         });
       } catch (...) {
@@ -265,12 +260,12 @@ TEST_CASE("a machine profile with 0 devices, no collective bandwidth for several
 }
 
 TEST_CASE("--plan/find_plan with an unknown name, dispatch with an index out of range") {
-  const thrown t = error_of([&] { (void)find_plan<default_plans>("zero-4"); });
+  const thrown t = error_of([&] { (void)find_plan<runtime_plans>("zero-4"); });
   CHECK(t.code == error_code::invalid_argument);
   CHECK(t.lacks({"unknown plan 'zero-4'; the plans are:"}) == "");
-  for (const auto& name : default_plans::names()) CHECK(t.lacks({"\n  " + name}) == "");
-  check_error([&] { (void)dispatch<runtime_plans>(3, [](auto) { return 0; }); }, error_code::invalid_argument,
-              {"plan index 3 is out of range; the plan set has 3 plans"});
+  for (const auto& name : runtime_plans::names()) CHECK(t.lacks({"\n  " + name}) == "");
+  check_error([&] { (void)dispatch<runtime_plans>(2, [](auto) { return 0; }); }, error_code::invalid_argument,
+              {"plan index 2 is out of range; the plan set has 2 plans"});
 }
 
 TEST_CASE("a tier allocation over its byte budget") {
