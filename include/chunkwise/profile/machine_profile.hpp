@@ -101,6 +101,10 @@ constexpr void validate(const machine_profile& machine) {
     fail("host-device bandwidths must be positive");
   if (machine.device_optimizer_params_per_second <= 0 || machine.host_optimizer_params_per_second <= 0)
     fail("optimizer rates must be positive");
+  // Written as !(x >= 0), not x < 0, so NaN fails too: a negative latency would make many small collectives look
+  // cheaper than one large one and steer the search to the wrong chunk size.
+  if (!(machine.collective_latency_seconds >= 0))
+    fail("collective_latency_seconds must be 0 or more: the fixed cost of one collective call, in seconds");
   if (machine.nvme_capacity > 0 && (machine.nvme_read_bytes_per_second <= 0 || machine.nvme_write_bytes_per_second <= 0))
     fail("an NVMe store needs positive read and write bandwidths");
   if (machine.devices > 1 && (machine.all_gather.count == 0 || machine.reduce_scatter.count == 0 ||
