@@ -401,15 +401,33 @@ TEST_CASE("a rank that never arrives at a collective") {
 }
 
 TEST_CASE("ranks that disagree on the plan") {
-  // Nothing compares the plans up front; the first collective the plans call differently fails on every rank, with
-  // both calls named (thread_comm checks each operation's kind, size, type, op and root across ranks).
+  // The runtime compares a fingerprint of plan, model and layout knobs across ranks before any collective of the
+  // plan: every rank fails at construction with what it runs (on any communicator, not only thread_comm's checks).
   const auto errors = train(2, {}, [](int rank) { return rank == 0 ? std::size_t{0} : std::size_t{1}; });
-  for (const auto& e : errors) {
-    const thrown t = error_of(e);
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    const thrown t = error_of(errors[r]);
     CAPTURE(t.message);
-    CHECK(t.code == error_code::comm_error);
-    CHECK(t.lacks({"differs between ranks: rank 0 called all_reduce", "rank 1 called reduce_scatter"}) == "");
+    CHECK(t.code == error_code::invalid_argument);
+    CHECK(t.lacks({"the ranks disagree on the plan: rank 1 differs from rank 0",
+                   "this is rank " + std::to_string(r) + ", running " +
+                       (r == 0 ? replicated_plan::name() : zero2_plan::name())}) == "");
   }
+  // The same plan with different knobs is a disagreement too.
+  thread_world world(2, 5000ms);
+  std::vector<std::exception_ptr> knob_errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.comm(r);
+        runtime<zero2_plan, thread_comm> rt(runtime_model(), comm, [](std::uint32_t, std::span<float>) {},
+                                            {.alignment = r == 0 ? 256u : 512u});
+      } catch (...) {
+        knob_errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : knob_errors) CHECK(error_of(e).lacks({"disagree on the plan"}) == "");
 }
 
 TEST_CASE("an optimizer state file that is truncated, corrupted or of another kind") {

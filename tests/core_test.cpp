@@ -37,6 +37,8 @@ TEST_CASE("byte sizes parse with binary and decimal units and reject junk") {
   CHECK_THROWS_WITH_AS(parse_bytes("lots"), doctest::Contains("'lots' is not a byte size"), error);
   CHECK_THROWS_AS(parse_bytes("12 parsecs"), error);
   CHECK_THROWS_AS(parse_bytes(""), error);
+  for (const char* bad : {"1.2.3GiB", "1..5MiB", ".", ". GiB"})  // strtod would stop early, or read 0
+    CHECK_THROWS_WITH_AS(parse_bytes(bad), doctest::Contains("is not a byte size"), error);
 }
 
 TEST_CASE("fp32 to bf16 rounds to nearest even on known bit patterns") {

@@ -115,6 +115,7 @@ class runtime {
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
       : model_(model),
         comm_(&comm),
+        plan_agreed_(agree_on_plan(model, comm, options)),
         ops_(collective::bind(comm)),
         map_(build_layout(model, {static_cast<std::uint32_t>(comm.size()), options.alignment}, options.chunk_bytes)),
         adam_(options.adam, {.threads = options.optimizer_threads}),
@@ -580,6 +581,32 @@ class runtime {
     pending<Comm> reduction;
   };
 
+  // Before any collective of the plan: every rank must run the same plan on the same model with the same layout
+  // knobs, or the collectives would pair mismatched buffers (thread_comm notices, MPI and NCCL may not). One
+  // all-gather of a fingerprint; a mismatch fails every rank with what this rank runs.
+  static bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
+    std::uint64_t mine = 1469598103934665603ull;  // FNV-1a
+    const auto mix = [&](std::uint64_t v) { mine = (mine ^ v) * 1099511628211ull; };
+    for (const char c : Plan::name()) mix(static_cast<unsigned char>(c));
+    for (const auto& t : model.tensors) {
+      for (const char c : t.name.view()) mix(static_cast<unsigned char>(c));
+      mix(t.elements);
+    }
+    mix(options.alignment);
+    mix(options.chunk_bytes.value_or(0));
+    mix(options.device_blocks.value_or(0));
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
+    comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all)).wait();
+    for (std::size_t q = 0; q < all.size(); ++q)
+      if (all[q] != all[0])
+        detail::raise(error_code::invalid_argument,
+                      "runtime: the ranks disagree on the plan: rank " + std::to_string(q) +
+                          " differs from rank 0 in its plan, model or layout knobs (this is rank " +
+                          std::to_string(comm.rank()) + ", running " + Plan::name() + " on '" + model.name.str() +
+                          "'); every rank must choose the same plan from the same model and machine profile");
+    return true;
+  }
+
   // The layout's candidate with the searched chunk capacity (or the layout's own choice).
   static chunk_map build_layout(const model_profile& model, const layout_options& options,
                                 std::optional<byte_count> chunk_bytes) {
@@ -792,6 +819,7 @@ class runtime {
 
   model_profile model_;
   Comm* comm_;
+  bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   optim::cpu_adam adam_;

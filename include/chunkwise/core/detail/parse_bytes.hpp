@@ -19,7 +19,11 @@ inline byte_count parse_bytes(const std::string& text) {
   const std::size_t number_begin = pos;
   while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
   if (pos == number_begin) fail();
-  const double value = std::strtod(text.substr(number_begin, pos - number_begin).c_str(), nullptr);
+  // The whole number must parse: strtod stops quietly at a second '.' ("1.2.3GiB") or takes "." as 0.
+  const std::string number = text.substr(number_begin, pos - number_begin);
+  char* number_end = nullptr;
+  const double value = std::strtod(number.c_str(), &number_end);
+  if (number_end != number.c_str() + number.size()) fail();
   while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
   std::string unit = text.substr(pos);
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
