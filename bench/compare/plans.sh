@@ -5,6 +5,7 @@
 # ROUNDS (environment, default 3): runs per plan, in alternating order; the median counts.
 # Prints a table (plan, predicted step s, measured step s, error) and as its last line
 #   plans max_prediction_error=E regret=R
+# Each run calibrates its compute rate and predicts in its own process; the predictions are medians over rounds too.
 # E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time over the fastest
 # measured, minus 1. Measured step time: the trainer's median step after the first (cold) one, the median over rounds.
 set -euo pipefail
@@ -31,14 +32,19 @@ for line in explain.splitlines():
 import os, statistics
 rounds = int(os.environ.get("ROUNDS", "3"))
 samples = {name: [] for name, _ in plans}
+predictions = {name: [] for name, _ in plans}
 for round_ in range(rounds):
     for name, _ in (plans if round_ % 2 == 0 else reversed(plans)):
         out = subprocess.run([trainer, "--plan", name, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
                               str(ranks)] + extra, capture_output=True, text=True, check=True).stdout
         samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)) * 1e-3)
+        # The run's own prediction: each run calibrates the compute rate in its own process, as it measures.
+        m = re.search(r"^[* ] " + re.escape(name) + r"\s+([0-9.]+) (s|ms|us)\s", out, re.M)
+        predictions[name].append(float(m.group(1)) * seconds[m.group(2)])
 rows = []
-for name, predicted in plans:
+for name, _ in plans:
     measured = statistics.median(samples[name])
+    predicted = statistics.median(predictions[name])
     rows.append((name, predicted, measured, abs(measured - predicted) / measured))
 print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}")
 for name, predicted, measured, error in rows:
