@@ -65,7 +65,7 @@ class thread_fault_injector {
   /// arrives there, as a rank that died; its own requests fail with comm_error at once, its peers' at the timeout.
   void stop(int rank, std::uint64_t operation, std::string group = "world") {
     std::lock_guard lock(mutex_);
-    rules_.push_back(rule{rank, operation, {}, true, std::move(group)});
+    rules_.push_back(rule{rank, operation, std::chrono::milliseconds{0}, true, std::move(group)});
   }
   void clear() {
     std::lock_guard lock(mutex_);

@@ -168,7 +168,7 @@ struct nvme_options {
   unsigned queue_depth = 4;     // requests in flight
   nvme_io_path path = nvme_io_path::automatic;
   bool direct_io = true;        // O_DIRECT; where the file system refuses it (tmpfs) the store says so and runs buffered
-  std::shared_ptr<nvme_fault_injector> faults;  // tests: faults injected into I/O results; null: none
+  std::shared_ptr<nvme_fault_injector> faults{};  // tests: faults injected into I/O results; null: none
 };
 
 /// A block of the store. Default-constructed: no block.

@@ -134,10 +134,11 @@ class streamed_homes {
     const byte_count block_bytes = block_elements_ * sizeof(float);
     if constexpr (on_nvme) {
       const byte_count slot = round_up(block_bytes, nvme_tier::io_alignment);
-      return {new nvme_tier(nvme_options{.directory = settings_.nvme_directory,
-                                         .capacity = 3 * slot * settings_.chunks,
-                                         .block_bytes = block_bytes}),
-              [](home_tier* t) { delete t; }};
+      nvme_options store;
+      store.directory = settings_.nvme_directory;
+      store.capacity = 3 * slot * settings_.chunks;  // parameters and two moments per chunk
+      store.block_bytes = block_bytes;
+      return {new nvme_tier(store), [](home_tier* t) { delete t; }};
     } else if constexpr (std::same_as<Space, space::host>) {
       return {new host_tier(host_budget), [](home_tier* t) { delete t; }};
     } else {
