@@ -29,18 +29,10 @@
 using namespace chunkwise;
 using chunkwise::test::fill_random;
 using chunkwise::test::matches_random;
+using chunkwise::test::message_of;
 using chunkwise::test::temp_dir;
 
 namespace {
-
-std::string message_of(const auto& call) {
-  try {
-    call();
-  } catch (const chunkwise::error& e) {
-    return std::string(to_string(e.code())) + ": " + e.what();
-  }
-  return "no error";
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

@@ -21,18 +21,10 @@
 using namespace chunkwise;
 using chunkwise::test::fill_random;
 using chunkwise::test::matches_random;
+using chunkwise::test::message_of;
 using chunkwise::test::temp_dir;
 
 namespace {
-
-std::string message_of(const auto& call) {
-  try {
-    call();
-  } catch (const chunkwise::error& e) {
-    return std::string(to_string(e.code())) + ": " + e.what();
-  }
-  return "no error";
-}
 
 nvme_options small_store(const std::filesystem::path& dir, nvme_io_path path = nvme_io_path::automatic) {
   nvme_options options;

@@ -2,6 +2,7 @@
 // Helpers shared by tests/tier_test.cpp and tests/placement_test.cpp: a temporary directory that removes itself, and
 // deterministic random chunk contents.
 #include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/error.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,16 @@
 #include <string>
 
 namespace chunkwise::test {
+
+/// "code: message" of the chunkwise::error `call` throws, or "no error".
+inline std::string message_of(const auto& call) {
+  try {
+    call();
+  } catch (const chunkwise::error& e) {
+    return std::string(to_string(e.code())) + ": " + e.what();
+  }
+  return "no error";
+}
 
 class temp_dir {
  public:

@@ -50,7 +50,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <stdexcept>
 #include <filesystem>
 #include <functional>
 #include <list>
@@ -164,7 +163,7 @@ class runtime {
       staging.assign(b.full_elements, 0.0f);
       for (const auto& slot : map_.chunks[b.index].slots)
         initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
-      const std::size_t first = collective::shards_parameters ? b.owned.offset : 0;
+      const std::size_t first = b.home_first();
       const auto state_buffer = [&] {
         return b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
                                   : detail::tier_buffer(host_, b.owned.elements);
@@ -356,8 +355,7 @@ class runtime {
       std::vector<std::vector<float>> values;
       for (auto& b : chunks_)
         with_state(b, /*write=*/false, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-          const std::size_t owned_end = b.owned.offset + b.owned.valid;
-          const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
+          const std::size_t owned_end = b.owned_end(), home_first = b.home_first();
           for (const auto& slot : map_.chunks[b.index].slots) {
             const std::size_t first = slot.offset / sizeof(float);
             const std::size_t lo = std::max(first, b.owned.offset);
@@ -516,9 +514,7 @@ class runtime {
         const auto& b = chunks_[location.chunk];
         auto& to = staged[location.chunk];
         const std::size_t first = location.offset / sizeof(float) + piece.first, end = first + piece.elements;
-        const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
-        const std::size_t home_end = collective::shards_parameters ? b.owned.offset + b.owned.valid : b.full_elements;
-        const std::size_t owned_end = b.owned.offset + b.owned.valid;
+        const std::size_t home_first = b.home_first(), home_end = b.home_end(), owned_end = b.owned_end();
         const auto missing = [&](std::size_t lo, std::size_t hi, std::size_t base, const std::vector<unsigned char>& have) {
           for (std::size_t i = lo; i < hi; ++i)
             if (!have[i - base]) return true;
@@ -545,14 +541,13 @@ class runtime {
     // Every element of every tensor this rank keeps must have been found.
     for (const auto& b : chunks_) {
       const auto& to = staged[b.index];
-      const std::size_t home_first = collective::shards_parameters ? b.owned.offset : 0;
-      const std::size_t home_end = collective::shards_parameters ? b.owned.offset + b.owned.valid : b.full_elements;
+      const std::size_t home_first = b.home_first(), home_end = b.home_end();
       for (const auto& slot : map_.chunks[b.index].slots) {
         const std::size_t first = slot.offset / sizeof(float), end = first + model_.tensors[slot.tensor].elements;
         bool complete = true;
         for (std::size_t i = std::max(first, home_first); i < std::min(end, home_end); ++i)
           complete = complete && to.have_home[i - home_first];
-        for (std::size_t i = std::max(first, b.owned.offset); i < std::min(end, b.owned.offset + b.owned.valid); ++i)
+        for (std::size_t i = std::max(first, b.owned.offset); i < std::min(end, b.owned_end()); ++i)
           complete = complete && to.have_moments[i - b.owned.offset];
         if (!complete)
           detail::raise(error_code::parse_error, "checkpoint '" + commit.step_directory.string() + "' misses part of tensor '" +
@@ -579,19 +574,23 @@ class runtime {
     // home, moment1, moment2: resident chunks only (streamed ones keep them in homes_).
     detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
     pending<Comm> reduction;
+
+    // Chunk element ranges: the home parameters [home_first, home_end) without padding, the owned elements
+    // [owned.offset, owned_end).
+    [[nodiscard]] std::size_t home_first() const noexcept { return collective::shards_parameters ? owned.offset : 0; }
+    [[nodiscard]] std::size_t home_end() const noexcept {
+      return collective::shards_parameters ? owned_end() : full_elements;
+    }
+    [[nodiscard]] std::size_t owned_end() const noexcept { return owned.offset + owned.valid; }
   };
 
   // Before any collective of the plan: every rank must run the same plan on the same model with the same layout
   // knobs, or the collectives would pair mismatched buffers (thread_comm notices, MPI and NCCL may not). One
   // all-gather of a fingerprint; a mismatch fails every rank with what this rank runs.
   static bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
-    std::uint64_t mine = 1469598103934665603ull;  // FNV-1a
+    std::uint64_t mine = tensor_list_hash(model);  // FNV-1a, continued over the plan and the knobs
     const auto mix = [&](std::uint64_t v) { mine = (mine ^ v) * 1099511628211ull; };
     for (const char c : Plan::name()) mix(static_cast<unsigned char>(c));
-    for (const auto& t : model.tensors) {
-      for (const char c : t.name.view()) mix(static_cast<unsigned char>(c));
-      mix(t.elements);
-    }
     mix(options.alignment);
     mix(options.chunk_bytes.value_or(0));
     mix(options.device_blocks.value_or(0));
@@ -807,13 +806,18 @@ class runtime {
                                                       " steps");
   }
 
-  checkpoint_identity identity() const {
-    std::uint64_t tensor_hash = 1469598103934665603ull;  // FNV-1a over names and element counts
-    for (const auto& t : model_.tensors) {
-      for (const char c : t.name.view()) tensor_hash = (tensor_hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-      tensor_hash = (tensor_hash ^ t.elements) * 1099511628211ull;
+  /// FNV-1a over the tensors' names and element counts: what a checkpoint and the plan agreement compare.
+  static std::uint64_t tensor_list_hash(const model_profile& model) {
+    std::uint64_t hash = 1469598103934665603ull;
+    const auto mix = [&](std::uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
+    for (const auto& t : model.tensors) {
+      for (const char c : t.name.view()) mix(static_cast<unsigned char>(c));
+      mix(t.elements);
     }
-    return {model_.name.str(), Plan::name(), tensor_hash, static_cast<std::uint64_t>(ops_.ranks()),
+    return hash;
+  }
+  checkpoint_identity identity() const {
+    return {model_.name.str(), Plan::name(), tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
             static_cast<std::uint64_t>(ops_.rank()), steps_};
   }
 
