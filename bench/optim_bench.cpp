@@ -39,7 +39,7 @@ void adamw(benchmark::State& state, bool bf16_copy, cpu_isa isa) {
   const auto threads = static_cast<unsigned>(state.range(1));
   aligned_array<float> master(n, 0.5f), grad(n, 1e-3f), m1(n, 0.0f), m2(n, 0.0f);
   aligned_array<bf16> working(bf16_copy ? n : 1, bf16{0});
-  chunk_state chunk{master.get(), grad.get(), dtype::fp32, m1.get(), m2.get(), bf16_copy ? working.get() : nullptr,
+  chunk_arrays chunk{master.get(), grad.get(), dtype::fp32, m1.get(), m2.get(), bf16_copy ? working.get() : nullptr,
                     dtype::bf16, n};
   cpu_adam adam(adamw_config(), {.threads = threads, .isa = isa, .tile_elements = std::size_t{1} << 15});
   std::uint64_t step = 0;
@@ -65,7 +65,7 @@ void adamw_fp32_avx2(benchmark::State& state) {
 void grad_norm(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   aligned_array<float> grad(n, 1e-3f);
-  chunk_state chunk{nullptr, grad.get(), dtype::fp32, nullptr, nullptr, nullptr, dtype::bf16, n};
+  chunk_arrays chunk{nullptr, grad.get(), dtype::fp32, nullptr, nullptr, nullptr, dtype::bf16, n};
   cpu_adam adam(adamw_config(), {.threads = static_cast<unsigned>(state.range(1))});
   for (auto _ : state) benchmark::DoNotOptimize(adam.grad_sum_of_squares(std::span(&chunk, 1)));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n));

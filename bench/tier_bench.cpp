@@ -34,7 +34,7 @@ std::string bench_dir() {
 void BM_memcpy(benchmark::State& state) {
   const auto bytes = static_cast<byte_count>(state.range(0));
   pinned_host_tier home(bytes);
-  host_device_tier device(bytes);
+  emulated_device_tier device(bytes);
   void* source = home.allocate_sync(bytes, 0);
   void* block = device.allocate_sync(bytes, 0);
   std::memset(source, 1, bytes);
@@ -54,7 +54,7 @@ void BM_device_tier_fetch_evict(benchmark::State& state) {
   const auto bytes = static_cast<byte_count>(state.range(0));
   host_backend backend;
   pinned_host_tier home(2 * bytes);
-  host_device_tier device(bytes);
+  emulated_device_tier device(bytes);
   transfer_engine<host_backend, pinned_host_tier> engine(backend, home);
   void* source = home.allocate_sync(bytes, 0);
   void* target = home.allocate_sync(bytes, 0);
@@ -90,7 +90,7 @@ void BM_device_cache_step(benchmark::State& state) {
   const auto bytes = static_cast<byte_count>(state.range(0));
   host_backend backend;
   pinned_host_tier home(5 * bytes);
-  host_device_tier device(3 * bytes);
+  emulated_device_tier device(3 * bytes);
   transfer_engine<host_backend, pinned_host_tier> engine(backend, home);
   std::vector<void*> homes;
   for (int c = 0; c < 5; ++c) {
@@ -105,7 +105,7 @@ void BM_device_cache_step(benchmark::State& state) {
   step.push_back(0);
   const std::size_t backward_start = step.size() / 2;
   {
-    device_cache<transfer_engine<host_backend, pinned_host_tier>, host_device_tier> cache(
+    device_cache<transfer_engine<host_backend, pinned_host_tier>, emulated_device_tier> cache(
         engine, device, homes, step, {.blocks = 3, .chunk_bytes = bytes, .prefetch_depth = 2});
     for (auto _ : state) {
       for (std::size_t i = 0; i < step.size(); ++i) {
@@ -188,7 +188,7 @@ void BM_nvme_cache_overlap(benchmark::State& state) {
     nvme_tier store(options);
     host_backend backend;
     pinned_host_tier pinned(4 * chunk);
-    host_device_tier device(3 * chunk);
+    emulated_device_tier device(3 * chunk);
     transfer_options engine_options;
     engine_options.staging_bytes = chunk;
     using engine_type = transfer_engine<host_backend, nvme_tier, pinned_host_tier>;
@@ -202,7 +202,7 @@ void BM_nvme_cache_overlap(benchmark::State& state) {
     }
     pinned.deallocate_sync(buffer, chunk, 4096);
     const std::vector<std::uint32_t> step{0, 1, 2, 3, 4, 5};  // a forward pass: every access a fetch
-    device_cache<engine_type, host_device_tier> cache(engine, device, homes, step,
+    device_cache<engine_type, emulated_device_tier> cache(engine, device, homes, step,
                                                       {.blocks = 3, .chunk_bytes = chunk, .prefetch_depth = 2});
     double sink = 0;
     std::chrono::nanoseconds computing{0};

@@ -274,7 +274,7 @@ TEST_CASE("--plan/find_plan with an unknown name, dispatch with an index out of 
 }
 
 TEST_CASE("a tier allocation over its byte budget") {
-  host_device_tier device(10 * MiB);
+  emulated_device_tier device(10 * MiB);
   void* first = device.allocate_sync(6 * MiB, 0);
   check_error([&] { (void)device.allocate_sync(5 * MiB, 0); }, error_code::out_of_memory,
               {"cannot allocate 5.00 MiB (5242880 bytes)", "6.00 MiB (6291456 bytes) in use",
@@ -288,10 +288,10 @@ TEST_CASE("a budget smaller than one chunk") {
   SUBCASE("device cache: its device tier cannot hold one block") {
     host_backend backend;
     pinned_host_tier home(2 * chunk);
-    host_device_tier device(chunk - 1);
+    emulated_device_tier device(chunk - 1);
     transfer_engine<host_backend, pinned_host_tier> engine(backend, home);
     std::vector<void*> homes{home.allocate_sync(chunk, 0), home.allocate_sync(chunk, 0)};
-    using cache_type = device_cache<transfer_engine<host_backend, pinned_host_tier>, host_device_tier>;
+    using cache_type = device_cache<transfer_engine<host_backend, pinned_host_tier>, emulated_device_tier>;
     check_error([&] { cache_type cache(engine, device, homes, {0, 1}, {.blocks = 1, .chunk_bytes = chunk}); },
                 error_code::out_of_memory,
                 {"cannot allocate 64.00 KiB (65536 bytes)", "(65535 bytes) budget"});
@@ -432,7 +432,7 @@ TEST_CASE("ranks that disagree on the plan") {
 
 TEST_CASE("an optimizer state file that is truncated, corrupted or of another kind") {
   std::vector<float> master(100, 1.0f), m1(100, 0.5f), m2(100, 0.25f);
-  const optim::chunk_state chunk{master.data(), nullptr, dtype::fp32, m1.data(), m2.data(), nullptr, dtype::bf16, 100};
+  const optim::chunk_arrays chunk{master.data(), nullptr, dtype::fp32, m1.data(), m2.data(), nullptr, dtype::bf16, 100};
   std::stringstream saved;
   optim::save_state(saved, chunk, optim::optimizer_kind::adam, 5);
   const std::string bytes = saved.str();

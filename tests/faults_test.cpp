@@ -364,7 +364,7 @@ TEST_CASE("a faulty NVMe fetch surfaces as io_error at acquire; acquiring again 
   nvme_tier store(options);
   CAPTURE(store.describe());
   pinned_host_tier pinned(1 * MiB);
-  host_device_tier device(2 * chunk);
+  emulated_device_tier device(2 * chunk);
   host_backend backend;
   transfer_options engine_options;
   engine_options.staging_bytes = chunk;
@@ -379,7 +379,7 @@ TEST_CASE("a faulty NVMe fetch surfaces as io_error at acquire; acquiring again 
       store.write(homes.back(), buffer.data, chunk);
     }
   }
-  device_cache<engine_type, host_device_tier> cache(engine, device, homes, {0, 1, 2, 3},
+  device_cache<engine_type, emulated_device_tier> cache(engine, device, homes, {0, 1, 2, 3},
                                                     {.blocks = 2, .chunk_bytes = chunk, .policy = eviction::lru,
                                                      .prefetch_depth = 0});
   // Chunk 2's fetch fails with EIO on its second request, every time, until the fault is cleared.

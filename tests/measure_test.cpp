@@ -1,4 +1,4 @@
-#include <chunkwise/profile/measure.hpp>
+#include <chunkwise/measure/host.hpp>
 
 #include <doctest/doctest.h>
 

@@ -86,8 +86,8 @@ struct owned_chunk {
     grad_fp16[offset + i] = to_fp16(g);
   }
 
-  [[nodiscard]] chunk_state view() {
-    chunk_state c;
+  [[nodiscard]] chunk_arrays view() {
+    chunk_arrays c;
     c.master = master.data() + offset;
     c.moment1 = m1.data() + offset;
     c.moment2 = m2.data() + offset;
@@ -228,7 +228,7 @@ TEST_CASE("every instruction set gives bit-identical results for all gradient an
           owned_chunk a(n, 3, grads, working, working_as, 3);
           cpu_adam adam(adamw_config(), {.threads = 1, .isa = isa});
           for (std::uint64_t t = 1; t <= 2; ++t) adam.step(a.view(), {1e-2f, t, 0.5f});
-          const chunk_state view = a.view();
+          const chunk_arrays view = a.view();
           norms.push_back(adam.grad_sum_of_squares(std::span(&view, 1)));
           adam_results.push_back(std::move(a));
           owned_chunk s(n, 5, grads, working, working_as, 1);
@@ -286,8 +286,8 @@ TEST_CASE("multi-threaded steps and norms equal single-threaded ones bit for bit
   owned_chunk small_one(77, 29), small_three(77, 29);  // a second chunk shorter than a tile
   cpu_adam single(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 2048});
   cpu_adam multi(adamw_config(), {.threads = 3, .isa = cpu_isa::best, .tile_elements = 2048});
-  const chunk_state views_one[] = {one.view(), small_one.view()};
-  const chunk_state views_three[] = {three.view(), small_three.view()};
+  const chunk_arrays views_one[] = {one.view(), small_one.view()};
+  const chunk_arrays views_three[] = {three.view(), small_three.view()};
   for (std::uint64_t t = 1; t <= 3; ++t) {
     single.step(views_one, {schedule[t - 1], t, 1.0f});
     multi.step(views_three, {schedule[t - 1], t, 1.0f});
@@ -308,7 +308,7 @@ TEST_CASE("an inf or NaN fp16 gradient skips the step, leaves memory alone and h
   cpu_adam adam(adamw_config(), {.threads = 2});
   mixed_precision_step driver(adam, {.max_grad_norm = 0.0f, .loss_scaling = scaling});
   owned_chunk a(1000, 31, dtype::fp16, true, dtype::fp16, 1, 1024.0f), b(333, 37, dtype::fp16, true, dtype::fp16, 1, 1024.0f);
-  const chunk_state views[] = {a.view(), b.view()};
+  const chunk_arrays views[] = {a.view(), b.view()};
   CHECK(driver.loss_scale() == 1024.0f);
 
   // A good step uses the gradients divided by the scale: the same as a plain step on the unscaled gradients.
@@ -369,7 +369,7 @@ TEST_CASE("clipping by global norm reports the reference norm and applies the cl
   const float max_norm = 5.0f;  // the random gradients have a norm of about 77
   cpu_adam adam(config, {.threads = 2, .tile_elements = 512});
   mixed_precision_step driver(adam, {.max_grad_norm = max_norm, .loss_scaling = std::nullopt});
-  const chunk_state views[] = {a.view(), b.view()};
+  const chunk_arrays views[] = {a.view(), b.view()};
   const auto report = driver.step(views, 1e-2f);
   CHECK_FALSE(report.skipped);
   CHECK(report.grad_norm == doctest::Approx(norm).epsilon(1e-12));
@@ -388,7 +388,7 @@ TEST_CASE("clipping by global norm reports the reference norm and applies the cl
 
 TEST_CASE("the squared norm is summed across ranks, and an overflow on another rank skips this one too") {
   owned_chunk a(2048, 47);
-  const chunk_state view = a.view();
+  const chunk_arrays view = a.view();
   cpu_adam adam;
   const double local = std::sqrt(adam.grad_sum_of_squares(std::span(&view, 1)));
   // Two ranks holding the same gradients: the all-reduce doubles the squared norm.
@@ -409,7 +409,7 @@ TEST_CASE("bad chunks and arguments are rejected before any memory changes") {
   owned_chunk a(100, 53);
   const owned_chunk before = a;
   cpu_adam adam;
-  chunk_state view = a.view();
+  chunk_arrays view = a.view();
   view.moment2 = nullptr;
   CHECK_THROWS_WITH_AS(adam.step(view, {1e-3f, 1, 1.0f}), doctest::Contains("second-moment"), error);
   view = a.view();
@@ -425,7 +425,7 @@ TEST_CASE("bad chunks and arguments are rejected before any memory changes") {
   CHECK_THROWS_AS(cpu_sgd(sgd_config{.momentum = 0.0f, .nesterov = true}), error);
   CHECK_THROWS_AS(cpu_adam({}, {.threads = 0}), error);
   CHECK_THROWS_AS(cpu_adam({}, {.tile_elements = 1000}), error);
-  chunk_state empty;  // a chunk of no elements is a no-op, whatever its pointers
+  chunk_arrays empty;  // a chunk of no elements is a no-op, whatever its pointers
   adam.step(empty, {1e-3f, 1, 1.0f});
 }
 
@@ -510,7 +510,7 @@ TEST_CASE_TEMPLATE("a chunk_optimizer steps several chunks in one call exactly a
   Optimizer together(config, {.threads = 2, .isa = cpu_isa::best, .tile_elements = 256});
   Optimizer apart(config, {.threads = 1, .isa = cpu_isa::best, .tile_elements = 256});
   owned_chunk a1(1000, 73), b1(37, 79), a2(1000, 73), b2(37, 79);
-  const chunk_state both[] = {a1.view(), b1.view()};
+  const chunk_arrays both[] = {a1.view(), b1.view()};
   for (std::uint64_t t = 1; t <= 2; ++t) {
     together.step(both, {1e-2f, t, 1.0f});
     apart.step(a2.view(), {1e-2f, t, 1.0f});
@@ -518,7 +518,7 @@ TEST_CASE_TEMPLATE("a chunk_optimizer steps several chunks in one call exactly a
   }
   CHECK(a1.same_memory(a2));
   CHECK(b1.same_memory(b2));
-  const chunk_state view_a = a2.view(), view_b = b2.view();
+  const chunk_arrays view_a = a2.view(), view_b = b2.view();
   const double sum = together.grad_sum_of_squares(both);
   // Chunks are summed one after another: the total is the in-order sum of the per-chunk sums (for the same tile
   // size, which fixes how each chunk's sum is grouped).

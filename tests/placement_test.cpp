@@ -94,7 +94,7 @@ std::vector<std::uint32_t> gpt2_like_step() {
 struct pinned_rig {
   host_backend backend;
   pinned_host_tier home;
-  host_device_tier device;
+  emulated_device_tier device;
   transfer_engine<host_backend, pinned_host_tier> engine;
   std::vector<void*> homes;
 
@@ -109,7 +109,7 @@ struct pinned_rig {
   ~pinned_rig() {
     for (void* h : homes) home.deallocate_sync(h, chunk_bytes, 0);
   }
-  using cache_type = device_cache<transfer_engine<host_backend, pinned_host_tier>, host_device_tier>;
+  using cache_type = device_cache<transfer_engine<host_backend, pinned_host_tier>, emulated_device_tier>;
   cache_type cache(std::vector<std::uint32_t> order, cache_options options) {
     options.chunk_bytes = chunk_bytes;
     return cache_type(engine, device, homes, std::move(order), std::move(options));
@@ -324,8 +324,8 @@ TEST_CASE("an NVMe-homed cache serves the trace bit-exactly and reports a corrup
   store_options.io_bytes = 16 * KiB;
   nvme_tier store(store_options);
   pinned_host_tier pinned(1 * MiB);
-  host_device_tier device(3 * chunk_bytes);
-  host_device_tier device2(3 * chunk_bytes);
+  emulated_device_tier device(3 * chunk_bytes);
+  emulated_device_tier device2(3 * chunk_bytes);
   transfer_options engine_options;
   engine_options.staging_bytes = chunk_bytes;
   using engine_type = transfer_engine<host_backend, nvme_tier, pinned_host_tier>;
@@ -339,7 +339,7 @@ TEST_CASE("an NVMe-homed cache serves the trace bit-exactly and reports a corrup
   }
   pinned.deallocate_sync(buffer, chunk_bytes, 4096);
   const auto step = gpt2_like_step();
-  device_cache<engine_type, host_device_tier> cache(engine, device, homes, step,
+  device_cache<engine_type, emulated_device_tier> cache(engine, device, homes, step,
                                                     {.blocks = 3, .chunk_bytes = chunk_bytes, .prefetch_depth = 2});
   for (int s = 0; s < 2; ++s) REQUIRE(run_trace(cache, step));
   CHECK(cache.stats().bytes_home_to_device == store.stats().bytes_read);
@@ -366,7 +366,7 @@ TEST_CASE("an NVMe-homed cache serves the trace bit-exactly and reports a corrup
     ::fsync(fd);
     ::close(fd);
   }
-  device_cache<engine_type, host_device_tier> fresh(engine, device2, homes, step,
+  device_cache<engine_type, emulated_device_tier> fresh(engine, device2, homes, step,
                                                     {.blocks = 3, .chunk_bytes = chunk_bytes, .prefetch_depth = 2});
   std::size_t failures = 0;
   for (int s = 0; s < 2; ++s) {

@@ -94,7 +94,7 @@ template <class Plan>
 double brute_force_step(const model_profile& model, const machine_profile& machine) {
   using candidates = detail::layout_candidates<typename Plan::layout>;
   using placement = typename Plan::placement;
-  using optimizer = typename Plan::optimizer;
+  using execution = typename Plan::optimizer_execution;
   double best = 1e300;
   const layout_options options{machine.devices, plan_alignment};
   for (std::size_t c = 0; c < candidates::count; ++c) {
@@ -103,9 +103,9 @@ double brute_force_step(const model_profile& model, const machine_profile& machi
     const auto trace = detail::trace_chunks(model, map);
     const auto shares = detail::shares_of<typename Plan::collective>(model, map.summary(), static_cast<int>(machine.devices));
     const std::uint64_t n = map.chunks.size();
-    const bool searched = optimizer::min_offload_fraction < optimizer::max_offload_fraction;
+    const bool searched = execution::min_offload_fraction < execution::max_offload_fraction;
     for (int step = 0; step <= (searched ? 8 : 0); ++step) {
-      const double fraction = searched ? step / 8.0 : optimizer::min_offload_fraction;
+      const double fraction = searched ? step / 8.0 : execution::min_offload_fraction;
       for (std::uint64_t blocks = 1; blocks <= n; ++blocks) {
         if (!placement::uses_device_cache && blocks != n) continue;
         const std::uint64_t resident = placement::resident_chunks(n, blocks);

@@ -499,7 +499,7 @@ TEST_CASE("grad_ready is refused where it cannot be meant") {
 // min_waste<> starts at 32 MiB chunks: one chunk, and 100 MiB of buffers per rank, for 140 KiB of parameters).
 template <class Plan>
 using at_test_scale = plan<layout::min_waste<4 * KiB, 0>, typename Plan::placement, typename Plan::collective,
-                           typename Plan::optimizer>;
+                           typename Plan::optimizer_execution>;
 
 TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameters on 1, 2 and 4 ranks") {
   const auto nvme = scratch_directory("chunkwise_default_plans_");

@@ -49,7 +49,7 @@ struct host_tier_factory {
   }
   static void settle(Tier& tier) { stream(tier).synchronize(); }
 };
-template <> struct tier_factory<host_device_tier> : host_tier_factory<host_device_tier> {};
+template <> struct tier_factory<emulated_device_tier> : host_tier_factory<emulated_device_tier> {};
 template <> struct tier_factory<pinned_host_tier> : host_tier_factory<pinned_host_tier> {};
 template <> struct tier_factory<host_tier> : host_tier_factory<host_tier> {};
 template <>
@@ -69,7 +69,7 @@ struct tier_factory<nvme_tier> {
 }  // namespace chunkwise::test
 
 TEST_CASE_TEMPLATE_APPLY(memory_tier_contract,
-                         std::tuple<host_device_tier, pinned_host_tier, host_tier, nvme_tier>);
+                         std::tuple<emulated_device_tier, pinned_host_tier, host_tier, nvme_tier>);
 
 TEST_CASE("crc32c gives the standard check value on both paths and chains") {
   const char* check = "123456789";
@@ -88,7 +88,7 @@ TEST_CASE("crc32c gives the standard check value on both paths and chains") {
 }
 
 TEST_CASE("tier properties and legal moves are known at compile time") {
-  static_assert(has_property<host_device_tier, device_accessible>);
+  static_assert(has_property<emulated_device_tier, device_accessible>);
   static_assert(has_property<nvme_tier, file_backed>);
   static_assert(!has_property<nvme_tier, device_accessible>);
   static_assert(tier_access<space::device, space::pinned_host>::copyable);
@@ -99,9 +99,9 @@ TEST_CASE("tier properties and legal moves are known at compile time") {
 }
 
 TEST_CASE_TEMPLATE("every memory tier round-trips random bytes through the device bit-exactly", Home, pinned_host_tier,
-                   host_tier, host_device_tier) {
+                   host_tier, emulated_device_tier) {
   host_backend backend;
-  host_device_tier device(8 * MiB);
+  emulated_device_tier device(8 * MiB);
   Home home(8 * MiB);
   transfer_engine<host_backend, Home> engine(backend, home);
   const byte_count bytes = 3 * MiB + 17;
@@ -130,7 +130,7 @@ TEST_CASE_TEMPLATE("every memory tier round-trips random bytes through the devic
 }
 
 TEST_CASE("a tier past its budget throws out_of_memory naming the bytes asked, in use and the budget") {
-  host_device_tier device(10 * MiB);
+  emulated_device_tier device(10 * MiB);
   void* first = device.allocate_sync(6 * MiB, 0);
   const std::string message = message_of([&] { (void)device.allocate_sync(5 * MiB, 0); });
   CHECK(message.find("out_of_memory") == 0);
@@ -267,7 +267,7 @@ TEST_CASE("a corrupted NVMe block is reported by its checksum, never returned as
           std::string::npos);
     // Through the engine, the fetch's completion carries the error.
     host_backend backend;
-    host_device_tier device(1 * MiB);
+    emulated_device_tier device(1 * MiB);
     transfer_options options;
     options.staging_bytes = bytes;
     transfer_engine<host_backend, nvme_tier, pinned_host_tier> engine(backend, store, pinned, options);
@@ -373,7 +373,7 @@ long compute_until_ready(const Transfer& pending, double& sink) {
 
 TEST_CASE("a fetch issued before a compute phase completes during it (host backend, worker threads)") {
   host_backend backend;
-  host_device_tier device(80 * MiB);
+  emulated_device_tier device(80 * MiB);
   double sink = 1.0;
   const byte_count bytes = 32 * MiB;
   void* block = device.allocate_sync(bytes, 0);
@@ -417,7 +417,7 @@ TEST_CASE("a fetch issued before a compute phase completes during it (host backe
 TEST_CASE("the engine keeps bytes in flight under its bound and orders dependent moves") {
   host_backend backend;
   pinned_host_tier home(16 * MiB);
-  host_device_tier device(16 * MiB);
+  emulated_device_tier device(16 * MiB);
   transfer_options options;
   options.max_bytes_in_flight = 2 * MiB;
   transfer_engine<host_backend, pinned_host_tier> engine(backend, home, options);

@@ -5,7 +5,7 @@
 //   chunkwise-plan --model gpt2-1558m --gpus 4 --gpu-mem 24GiB --host-mem 128GiB --pcie 16GB/s --nvme 3GB/s
 #include <chunkwise/chunkwise.hpp>
 #include <chunkwise/plan.hpp>
-#include <chunkwise/profile/measure.hpp>
+#include <chunkwise/measure/host.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -14,7 +14,7 @@
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
 #include <chunkwise/plan/search.hpp>
-#include <chunkwise/profile/measure.hpp>
+#include <chunkwise/measure/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include "chunked_trainer.hpp"

@@ -2,7 +2,7 @@
 // toolkit is; runs where a GPU is.
 #include "gpu_test_main.hpp"
 
-#include <chunkwise/profile/cuda/measure.cuh>
+#include <chunkwise/measure/cuda/measure.cuh>
 
 using namespace chunkwise;
 

@@ -56,9 +56,9 @@ struct mirrored_chunk {
     d_grad32[offset + i] = g;
     d_grad16[offset + i] = grad_type == dtype::fp16 ? to_fp16(g).bits : to_bf16(g).bits;
   }
-  chunk_state view(bool device) {
+  chunk_arrays view(bool device) {
     auto ptr = [&](auto& host, auto& dev) { return device ? thrust::raw_pointer_cast(dev.data()) + offset : host.data() + offset; };
-    chunk_state c;
+    chunk_arrays c;
     c.master = ptr(master, d_master);
     c.moment1 = ptr(m1, d_m1);
     c.moment2 = ptr(m2, d_m2);
@@ -100,7 +100,7 @@ TEST_CASE("the CUDA Adam equals the CPU kernel bit for bit on a table of mixed c
   chunks.emplace_back(4099, 0, dtype::bf16, true, 2);
   chunks.emplace_back(77, 1, dtype::fp16, true, 3);  // misaligned: the scalar path
   chunks.emplace_back(1 << 16, 0, dtype::fp16, true, 4);
-  std::vector<chunk_state> host_views, device_views;
+  std::vector<chunk_arrays> host_views, device_views;
   for (auto& c : chunks) {
     host_views.push_back(c.view(false));
     device_views.push_back(c.view(true));
@@ -124,7 +124,7 @@ TEST_CASE("the device-driven step in a CUDA graph matches mixed_precision_step a
   std::vector<mirrored_chunk> chunks;
   chunks.emplace_back(8192, 0, dtype::fp16, true, 5, 256.0f);
   chunks.emplace_back(1001, 0, dtype::fp16, true, 6, 256.0f);
-  std::vector<chunk_state> host_views, device_views;
+  std::vector<chunk_arrays> host_views, device_views;
   for (auto& c : chunks) {
     host_views.push_back(c.view(false));
     device_views.push_back(c.view(true));

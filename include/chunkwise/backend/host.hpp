@@ -8,7 +8,7 @@
 #include <cstring>
 #include <memory>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// An ordered queue of work run by one worker thread (the host stand-in for cudaStream_t).
 class host_stream {

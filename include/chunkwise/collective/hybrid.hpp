@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <int GroupSize>
 struct hybrid {

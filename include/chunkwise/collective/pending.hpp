@@ -6,7 +6,7 @@
 #include <array>
 #include <utility>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <communicator Comm>
 class pending {

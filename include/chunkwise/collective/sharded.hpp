@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 struct sharded {
   static constexpr std::string_view name = "sharded";

@@ -44,7 +44,7 @@
 /// (comm_error) naming the call, the place and MPI's message.
 #define CHUNKWISE_MPI_TRY(call) ::chunkwise::detail::check_mpi((call), #call, __FILE__, __LINE__)
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
 

@@ -46,7 +46,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// Faults for a thread_world's ranks (tests). Thread-safe: every rank's worker consults it before each operation.
 ///

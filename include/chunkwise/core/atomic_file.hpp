@@ -16,7 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// Faults for write_file_atomically (tests): each replaces a system call's outcome with a failure. 0: no fault.
 struct atomic_write_faults {

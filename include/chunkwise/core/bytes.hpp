@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 using byte_count = std::uint64_t;
 

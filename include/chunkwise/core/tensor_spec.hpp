@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// A tensor's name in a literal type (no heap), so profiles can be built and searched in constant expressions
 /// on every compiler we support. 95 characters hold the names PyTorch models use

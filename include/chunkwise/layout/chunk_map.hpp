@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 struct layout_options {
   std::uint32_t ranks = 1;     // chunk capacity is divisible by ranks * alignment, so shards are equal and aligned

@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-namespace chunkwise::layout {
+namespace chunkwise::inline CHUNKWISE_ABI::layout {
 
 template <byte_count Bytes = 64 * MiB>
 struct fixed {

@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-namespace chunkwise::layout {
+namespace chunkwise::inline CHUNKWISE_ABI::layout {
 
 struct per_tensor {
   static constexpr std::string_view name = "per_tensor";

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 /// One chunk's optimizer view: parallel arrays of `count` elements in the chunk's home memory. The optimizer
 /// updates them in place, in one pass.
@@ -18,7 +18,7 @@ namespace chunkwise::optim {
 ///  - `moment2`: fp32 second moment (Adam's exp_avg_sq; unused by SGD).
 ///  - `working`: optional 16-bit working copy of the weights (`working_type` bf16 or fp16), rewritten from the
 ///               updated master weights in the same pass, rounded to nearest even. Null: no write-back.
-struct chunk_state {
+struct chunk_arrays {
   float* master = nullptr;
   const void* grad = nullptr;
   dtype grad_type = dtype::fp32;
@@ -56,7 +56,7 @@ static_assert(rank_reduction<single_rank>);
 ///    loss-scaled), in double; infinite or NaN when any gradient is. The input of global-norm clipping and the
 ///    fp16 overflow check. Deterministic: the same for every thread count.
 template <class O>
-concept chunk_optimizer = requires(O& optimizer, std::span<const chunk_state> chunks, const step_args& args) {
+concept chunk_optimizer = requires(O& optimizer, std::span<const chunk_arrays> chunks, const step_args& args) {
   typename O::config_type;
   { O::state_arrays } -> std::convertible_to<std::size_t>;
   { optimizer.config() } -> std::convertible_to<typename O::config_type>;

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <span>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 class cpu_adam {
  public:
@@ -27,12 +27,12 @@ class cpu_adam {
 
   /// One Adam/AdamW update of every chunk in place (see adam_coefficients for the element formula). Chunks are
   /// validated before any memory is touched.
-  void step(std::span<const chunk_state> chunks, const step_args& args) {
+  void step(std::span<const chunk_arrays> chunks, const step_args& args) {
     validate(args);
     for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", true, true, true);
     const adam_coefficients coefficients = make_coefficients(config_, args);
     const cpu_isa isa = engine_.isa();
-    engine_.for_each_tile(chunks, [&](const chunk_state& chunk, std::size_t begin, std::size_t end) noexcept {
+    engine_.for_each_tile(chunks, [&](const chunk_arrays& chunk, std::size_t begin, std::size_t end) noexcept {
       detail::visit_types(chunk, [&](const auto* grad, auto* working) noexcept {
 #if CHUNKWISE_OPTIM_X86
         if (isa == cpu_isa::avx512)
@@ -46,11 +46,11 @@ class cpu_adam {
       });
     });
   }
-  void step(const chunk_state& chunk, const step_args& args) { step(std::span<const chunk_state>(&chunk, 1), args); }
+  void step(const chunk_arrays& chunk, const step_args& args) { step(std::span<const chunk_arrays>(&chunk, 1), args); }
 
   /// Sum of grad^2 over all chunks (as stored, i.e. loss-scaled), in double and in a fixed order: the same value
   /// for every thread count and instruction set. Infinite or NaN when any gradient is.
-  double grad_sum_of_squares(std::span<const chunk_state> chunks) {
+  double grad_sum_of_squares(std::span<const chunk_arrays> chunks) {
     for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "adam", false);
     return engine_.sum_of_squares(chunks);
   }

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <span>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 class cpu_sgd {
  public:
@@ -23,13 +23,13 @@ class cpu_sgd {
   [[nodiscard]] cpu_isa isa() const noexcept { return engine_.isa(); }
 
   /// One SGD update of every chunk in place; step 1 initialises the momentum buffer with the gradient.
-  void step(std::span<const chunk_state> chunks, const step_args& args) {
+  void step(std::span<const chunk_arrays> chunks, const step_args& args) {
     validate(args);
     const bool momentum = config_.momentum != 0.0f;
     for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", true, momentum);
     const sgd_coefficients coefficients = make_coefficients(config_, args);
     const cpu_isa isa = engine_.isa();
-    engine_.for_each_tile(chunks, [&](const chunk_state& chunk, std::size_t begin, std::size_t end) noexcept {
+    engine_.for_each_tile(chunks, [&](const chunk_arrays& chunk, std::size_t begin, std::size_t end) noexcept {
       detail::visit_types(chunk, [&](const auto* grad, auto* working) noexcept {
 #if CHUNKWISE_OPTIM_X86
         if (isa == cpu_isa::avx512)
@@ -41,9 +41,9 @@ class cpu_sgd {
       });
     });
   }
-  void step(const chunk_state& chunk, const step_args& args) { step(std::span<const chunk_state>(&chunk, 1), args); }
+  void step(const chunk_arrays& chunk, const step_args& args) { step(std::span<const chunk_arrays>(&chunk, 1), args); }
 
-  double grad_sum_of_squares(std::span<const chunk_state> chunks) {
+  double grad_sum_of_squares(std::span<const chunk_arrays> chunks) {
     for (std::size_t c = 0; c < chunks.size(); ++c) detail::check_chunk(chunks[c], c, "sgd", false);
     return engine_.sum_of_squares(chunks);
   }

@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 struct precision_options {
   /// Clip gradients to this global L2 norm (of the unscaled gradients); 0 turns clipping off.
@@ -58,7 +58,7 @@ class mixed_precision_step {
   /// One step over this rank's chunks with learning rate `lr` (the trainer's schedule). Without clipping or loss
   /// scaling no norm is computed. With them, a non-finite norm skips the update on every rank (and backs off the
   /// loss scale when scaling is on).
-  step_report step(std::span<const chunk_state> chunks, float lr) {
+  step_report step(std::span<const chunk_arrays> chunks, float lr) {
     step_report report;
     report.loss_scale = loss_scale();
     const bool clipping = options_.max_grad_norm > 0.0f;

@@ -31,7 +31,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 enum class optimizer_kind : std::uint8_t { adam = 1, sgd = 2, sgd_momentum = 3 };
 
@@ -97,12 +97,12 @@ inline std::array<unsigned char, state_header_bytes> encode(const state_header& 
   return bytes;
 }
 
-inline std::array<const float*, 3> state_arrays_in(const chunk_state& chunk, optimizer_kind kind) noexcept {
+inline std::array<const float*, 3> state_arrays_in(const chunk_arrays& chunk, optimizer_kind kind) noexcept {
   return {chunk.master, state_arrays_of(kind) >= 1 ? chunk.moment1 : nullptr,
           state_arrays_of(kind) >= 2 ? chunk.moment2 : nullptr};
 }
 
-inline void check_arrays(const chunk_state& chunk, optimizer_kind kind, const char* what) {
+inline void check_arrays(const chunk_arrays& chunk, optimizer_kind kind, const char* what) {
   const std::size_t states = state_arrays_of(kind);
   if (chunk.count > 0 && (chunk.master == nullptr || (states >= 1 && chunk.moment1 == nullptr) ||
                           (states >= 2 && chunk.moment2 == nullptr)))
@@ -114,7 +114,7 @@ inline void check_arrays(const chunk_state& chunk, optimizer_kind kind, const ch
 }  // namespace detail
 
 /// Writes one chunk's state. Throws io_error when the stream fails.
-inline void save_state(std::ostream& out, const chunk_state& chunk, optimizer_kind kind, std::uint64_t step) {
+inline void save_state(std::ostream& out, const chunk_arrays& chunk, optimizer_kind kind, std::uint64_t step) {
   detail::check_arrays(chunk, kind, "save_state");
   const std::size_t arrays = 1 + state_arrays_of(kind);
   detail::state_header header{chunk.count, step, 0, static_cast<std::uint8_t>(dtype::fp32),
@@ -138,7 +138,7 @@ inline void save_state(std::ostream& out, const chunk_state& chunk, optimizer_ki
 /// Reads a state written by save_state into `chunk` (same element count and optimizer kind) and returns its step.
 /// Every header field and the checksum are validated; errors say which. On a checksum error the chunk's arrays
 /// have already been overwritten with the (corrupt) file contents: reload from a good checkpoint.
-inline std::uint64_t load_state(std::istream& in, const chunk_state& chunk, optimizer_kind kind) {
+inline std::uint64_t load_state(std::istream& in, const chunk_arrays& chunk, optimizer_kind kind) {
   detail::check_arrays(chunk, kind, "load_state");
   const auto fail = [](const std::string& what) { throw error(error_code::parse_error, "load_state: " + what); };
   std::array<unsigned char, detail::state_header_bytes> bytes{};
@@ -198,7 +198,7 @@ inline std::uint64_t load_state(std::istream& in, const chunk_state& chunk, opti
   return header.step;
 }
 
-inline void save_state(const std::filesystem::path& file, const chunk_state& chunk, optimizer_kind kind,
+inline void save_state(const std::filesystem::path& file, const chunk_arrays& chunk, optimizer_kind kind,
                        std::uint64_t step) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
   if (!out)
@@ -211,7 +211,7 @@ inline void save_state(const std::filesystem::path& file, const chunk_state& chu
   }
 }
 
-inline std::uint64_t load_state(const std::filesystem::path& file, const chunk_state& chunk, optimizer_kind kind) {
+inline std::uint64_t load_state(const std::filesystem::path& file, const chunk_arrays& chunk, optimizer_kind kind) {
   std::ifstream in(file, std::ios::binary);
   if (!in)
     throw error(error_code::io_error, "load_state: cannot open '" + file.string() + "': " + std::strerror(errno));

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 class thread_pool {
  public:

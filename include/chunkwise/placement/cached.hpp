@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <class Tier, std::size_t StagingBuffers = 2>
 struct cached {

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <class P>
 concept placement_policy =

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 enum class eviction : std::uint8_t { next_use, lru };
 

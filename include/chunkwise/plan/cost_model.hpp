@@ -36,7 +36,7 @@
 #include <concepts>
 #include <cstdint>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
 
@@ -107,7 +107,7 @@ constexpr memory_use predict_memory(const machine_profile& machine,
                                     const detail::chunk_shares& s, const detail::chunk_trace& trace,
                                     std::uint64_t device_blocks, std::uint64_t offloaded) {
   using placement = typename Plan::placement;
-  using optimizer = typename Plan::optimizer;
+  using execution = typename Plan::optimizer_execution;
   const auto n = static_cast<std::size_t>(s.chunks);
   const auto b = static_cast<std::size_t>(device_blocks);
   const std::uint64_t resident = placement::resident_chunks(n, b);
@@ -123,7 +123,7 @@ constexpr memory_use predict_memory(const machine_profile& machine,
 
   // Gradients always pass through host memory on their way to a host-side update; states stay where their space is.
   const bool streamed_states_on_nvme = detail::on_nvme<typename placement::home_space>;
-  const bool offloaded_states_on_nvme = detail::on_nvme<typename optimizer::offload_space>;
+  const bool offloaded_states_on_nvme = detail::on_nvme<typename execution::offload_space>;
   byte_count host = placement::host_bytes(s.parameter, n, b) + (streamed + offloaded) * s.gradient;
   byte_count nvme = placement::nvme_bytes(s.parameter, n, b);
   (streamed_states_on_nvme ? nvme : host) += streamed * s.state;
@@ -140,14 +140,14 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                                       std::uint64_t offloaded, std::uint64_t fetches) {
   using placement = typename Plan::placement;
   using collective = typename Plan::collective;
-  using optimizer = typename Plan::optimizer;
+  using execution = typename Plan::optimizer_execution;
   using detail::seconds;
   const auto n = static_cast<std::size_t>(s.chunks);
   const int ranks = static_cast<int>(machine.devices);
   const std::uint64_t resident = placement::resident_chunks(n, static_cast<std::size_t>(device_blocks));
   const std::uint64_t streamed = s.chunks - resident;
   const bool home_on_nvme = detail::on_nvme<typename placement::home_space>;
-  const bool offload_on_nvme = detail::on_nvme<typename optimizer::offload_space>;
+  const bool offload_on_nvme = detail::on_nvme<typename execution::offload_space>;
 
   time_breakdown t;
   t.compute = s.flops / machine.device_flops_per_second;

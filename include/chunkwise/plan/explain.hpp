@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
 inline std::string format_seconds(double s) {

@@ -1,5 +1,5 @@
 #pragma once
-// plan<Layout, Placement, Collective, Optimizer>: one way to run training, composed at compile time; plan_set: the
+// plan<Layout, Placement, Collective, OptimizerExecution>: one way to run training, composed at compile time; plan_set: the
 // candidates one binary carries and the search chooses among.
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/layout/concepts.hpp>
@@ -12,14 +12,14 @@
 #include <string_view>
 #include <tuple>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
-template <chunk_layout Layout, placement_policy Placement, collective_strategy Collective, optimizer_execution Optimizer>
+template <chunk_layout Layout, placement_policy Placement, collective_strategy Collective, optimizer_execution OptimizerExecution>
 struct plan {
   using layout = Layout;
   using placement = Placement;
   using collective = Collective;
-  using optimizer = Optimizer;
+  using optimizer_execution = OptimizerExecution;
 
   /// "min_waste/cached<pinned_host>/sharded/follows_home"
   static std::string name() {
@@ -29,7 +29,7 @@ struct plan {
     text += '/';
     text += Collective::name;
     text += '/';
-    text += Optimizer::name;
+    text += OptimizerExecution::name;
     return text;
   }
 };

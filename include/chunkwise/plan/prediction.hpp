@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// The plan's inner knobs, chosen by the search.
 struct plan_knobs {

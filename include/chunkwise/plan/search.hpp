@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 inline constexpr byte_count plan_alignment = 256;  // tensor alignment inside chunks for every plan
 
@@ -91,7 +91,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
                                  const std::vector<detail::layout_candidate>& candidates) {
   using placement = typename Plan::placement;
   using collective = typename Plan::collective;
-  using optimizer = typename Plan::optimizer;
+  using execution = typename Plan::optimizer_execution;
   const int ranks = static_cast<int>(machine.devices);
 
   prediction best;
@@ -115,11 +115,11 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
         fewest_blocks = std::max<std::uint64_t>(fewest_blocks, placement::stream_blocks);
       fewest_blocks = std::min(fewest_blocks, n);
     }
-    const bool searched_fraction = optimizer::min_offload_fraction < optimizer::max_offload_fraction;
+    const bool searched_fraction = execution::min_offload_fraction < execution::max_offload_fraction;
     const int fraction_steps = searched_fraction ? 8 : 0;
     for (int step = 0; step <= fraction_steps; ++step) {
       const double fraction =
-          searched_fraction ? static_cast<double>(step) / fraction_steps : optimizer::min_offload_fraction;
+          searched_fraction ? static_cast<double>(step) / fraction_steps : execution::min_offload_fraction;
       const auto offloaded_at = [&](std::uint64_t blocks) {
         const std::uint64_t resident =
             placement::resident_chunks(static_cast<std::size_t>(n), static_cast<std::size_t>(blocks));

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 enum class step_kind : std::uint8_t { forward, backward };
 

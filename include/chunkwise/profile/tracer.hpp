@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 struct tensor_handle {
   std::uint32_t index = 0;

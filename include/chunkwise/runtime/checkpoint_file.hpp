@@ -16,7 +16,7 @@
 // A reader verifies the header's checksum before trusting any field and each piece's checksum when it reads it.
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/error.hpp>
-#include <chunkwise/tier/checksum.hpp>
+#include <chunkwise/core/checksum.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 struct checkpoint_identity {
   std::string model;

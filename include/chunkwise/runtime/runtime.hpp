@@ -29,6 +29,7 @@
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/hash.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/placement/concepts.hpp>
@@ -41,9 +42,9 @@
 #include <chunkwise/runtime/chunk_state.hpp>
 #include <chunkwise/runtime/detail/streamed_homes.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
-#include <chunkwise/tier/host_device.hpp>
+#include <chunkwise/tier/emulated_device.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
-#include <chunkwise/tier/checksum.hpp>
+#include <chunkwise/core/checksum.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -60,7 +61,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// Bytes this rank's collectives moved into its buffers: gathered parameters, reduced gradients, published updates.
 struct runtime_traffic {
@@ -136,10 +137,10 @@ class runtime {
     tensor_ready_.assign(model_.tensors.size(), 0);
     chunk_ready_.assign(chunk_count, 0);
     const std::size_t resident = resident_chunk_count(options);
-    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer::min_offload_fraction *
+    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer_execution::min_offload_fraction *
                                                                 static_cast<double>(resident) + 0.5);
     const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), resident);
-    if (Plan::optimizer::max_offload_fraction == 0.0 && offloaded != 0)
+    if (Plan::optimizer_execution::max_offload_fraction == 0.0 && offloaded != 0)
       detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
                                                   "device; offloaded_chunks must be 0 (use optimizer_auto or "
                                                   "optimizer_offload to move states to the host)");
@@ -306,7 +307,7 @@ class runtime {
       b.life.reduced();
       with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
         const std::span<float> owned = ops_.template owned_params<float>(home);
-        const optim::chunk_state state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
+        const optim::chunk_arrays state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
                                        moment2.data(), nullptr, dtype::fp32, b.owned.valid};
         adam_.step(state, {.lr = lr, .step = steps_});
         ops_.template publish_update<float>(home).wait();
@@ -588,12 +589,12 @@ class runtime {
   // knobs, or the collectives would pair mismatched buffers (thread_comm notices, MPI and NCCL may not). One
   // all-gather of a fingerprint; a mismatch fails every rank with what this rank runs.
   static bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
-    std::uint64_t mine = tensor_list_hash(model);  // FNV-1a, continued over the plan and the knobs
-    const auto mix = [&](std::uint64_t v) { mine = (mine ^ v) * 1099511628211ull; };
-    for (const char c : Plan::name()) mix(static_cast<unsigned char>(c));
-    mix(options.alignment);
-    mix(options.chunk_bytes.value_or(0));
-    mix(options.device_blocks.value_or(0));
+    const std::uint64_t mine = fnv1a(tensor_list_hash(model))  // continued over the plan and the knobs
+                                   .add(Plan::name())
+                                   .add(options.alignment)
+                                   .add(options.chunk_bytes.value_or(0))
+                                   .add(options.device_blocks.value_or(0))
+                                   .value();
     std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
     comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all)).wait();
     for (std::size_t q = 0; q < all.size(); ++q)
@@ -808,13 +809,9 @@ class runtime {
 
   /// FNV-1a over the tensors' names and element counts: what a checkpoint and the plan agreement compare.
   static std::uint64_t tensor_list_hash(const model_profile& model) {
-    std::uint64_t hash = 1469598103934665603ull;
-    const auto mix = [&](std::uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
-    for (const auto& t : model.tensors) {
-      for (const char c : t.name.view()) mix(static_cast<unsigned char>(c));
-      mix(t.elements);
-    }
-    return hash;
+    fnv1a hash;
+    for (const auto& t : model.tensors) hash.add(t.name.view()).add(t.elements);
+    return hash.value();
   }
   checkpoint_identity identity() const {
     return {model_.name.str(), Plan::name(), tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
@@ -827,7 +824,7 @@ class runtime {
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   optim::cpu_adam adam_;
-  host_device_tier device_;
+  emulated_device_tier device_;
   pinned_host_tier host_;
   std::unique_ptr<homes_type> homes_;  // streamed chunks (cached<>, split<>); after the tiers it allocates from
   std::vector<chunk_buffers> chunks_;  // after the tiers: destroyed first, returning their memory

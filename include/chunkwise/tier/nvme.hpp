@@ -19,7 +19,7 @@
 #include <chunkwise/backend/detail/task_queue.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
-#include <chunkwise/tier/checksum.hpp>
+#include <chunkwise/core/checksum.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
 #include <chunkwise/tier/detail/posix.hpp>
@@ -51,7 +51,7 @@
 #include <liburing.h>
 #endif
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 enum class nvme_io_path : std::uint8_t {
   automatic,  // io_uring when built and permitted, else the thread pool

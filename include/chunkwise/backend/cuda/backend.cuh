@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// A shared handle to a recorded cudaEvent_t; a default-constructed event is complete.
 class cuda_event {

@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 [[noreturn]] inline void raise_cuda(cudaError_t status, const char* call, const char* file, int line,
                                     const std::string& context) {

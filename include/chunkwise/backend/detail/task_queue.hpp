@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 class task_queue {
  public:

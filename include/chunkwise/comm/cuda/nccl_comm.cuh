@@ -39,7 +39,7 @@
 /// last error message.
 #define CHUNKWISE_NCCL_TRY(call) ::chunkwise::detail::check_nccl((call), #call, __FILE__, __LINE__)
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
 

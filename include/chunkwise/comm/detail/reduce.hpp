@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 template <reducible_element T>
 constexpr float widen(T value) noexcept {

@@ -7,7 +7,7 @@
 #include <exception>
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 inline byte_count parse_bytes(const std::string& text) {
   const auto fail = [&] {

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 // Kernels and device-side types; `cuda_kernels`, not `cuda`, so a using-directive never makes ::cuda ambiguous.
 namespace detail::cuda_kernels {
@@ -321,7 +321,7 @@ class cuda_adam {
 
   // ---- host-driven (chunk_optimizer): synchronous, returns when the memory is updated ----
 
-  void step(std::span<const chunk_state> chunks, const step_args& args) {
+  void step(std::span<const chunk_arrays> chunks, const step_args& args) {
     validate(args);
     upload_table(chunks, true);
     *host_state_ = detail::cuda_kernels::device_state{};
@@ -332,9 +332,9 @@ class cuda_adam {
     launch_update();
     CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::step");
   }
-  void step(const chunk_state& chunk, const step_args& args) { step(std::span<const chunk_state>(&chunk, 1), args); }
+  void step(const chunk_arrays& chunk, const step_args& args) { step(std::span<const chunk_arrays>(&chunk, 1), args); }
 
-  double grad_sum_of_squares(std::span<const chunk_state> chunks) {
+  double grad_sum_of_squares(std::span<const chunk_arrays> chunks) {
     upload_table(chunks, false);
     launch_squares();
     CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
@@ -349,7 +349,7 @@ class cuda_adam {
   /// Fixes the chunks, the precision options and the learning-rate schedule (lr of update t is
   /// schedule[min(t, size) - 1]) for enqueue_step(); resets the device state (step count, loss scale). Synchronous;
   /// call outside graph capture.
-  void bind(std::span<const chunk_state> chunks, const precision_options& options, std::span<const float> lr_schedule) {
+  void bind(std::span<const chunk_arrays> chunks, const precision_options& options, std::span<const float> lr_schedule) {
     if (lr_schedule.empty()) throw error(error_code::invalid_argument, "cuda_adam::bind: empty learning-rate schedule");
     if (!(options.max_grad_norm >= 0.0f))
       throw error(error_code::invalid_argument, "cuda_adam::bind: max_grad_norm must be >= 0");
@@ -421,7 +421,7 @@ class cuda_adam {
                                                  cudaGetErrorName(status));
   }
 
-  void upload_table(std::span<const chunk_state> chunks, bool for_update) {
+  void upload_table(std::span<const chunk_arrays> chunks, bool for_update) {
     if (chunks.size() > max_chunks_)
       throw error(error_code::invalid_argument, "cuda_adam: " + std::to_string(chunks.size()) +
                                                     " chunks, the table holds " + std::to_string(max_chunks_) +
@@ -433,7 +433,7 @@ class cuda_adam {
       return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
     };
     for (std::size_t k = 0; k < chunks.size(); ++k) {
-      const chunk_state& c = chunks[k];
+      const chunk_arrays& c = chunks[k];
       const std::string where = "cuda_adam: chunk " + std::to_string(k) + " (" + std::to_string(c.count) + " elements)";
       if (c.count > 0 && c.grad == nullptr) throw error(error_code::invalid_argument, where + " has no gradients");
       if (c.count > 0 && for_update && (c.master == nullptr || c.moment1 == nullptr || c.moment2 == nullptr))

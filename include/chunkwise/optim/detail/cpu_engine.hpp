@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::optim {
+namespace chunkwise::inline CHUNKWISE_ABI::optim {
 
 namespace detail {
 
 /// `for_update`: the chunk will be stepped (needs master weights and the moments asked for), else only its
 /// gradients are read.
-inline void check_chunk(const chunk_state& chunk, std::size_t index, const char* optimizer, bool for_update,
+inline void check_chunk(const chunk_arrays& chunk, std::size_t index, const char* optimizer, bool for_update,
                         bool needs_moment1 = false, bool needs_moment2 = false) {
   const auto fail = [&](const std::string& what) {
     throw error(error_code::invalid_argument,
@@ -46,7 +46,7 @@ inline void check_chunk(const chunk_state& chunk, std::size_t index, const char*
 /// Calls f(grad, working) with the chunk's arrays as typed pointers (working is no_copy* when there is none).
 /// The chunk must have passed check_chunk.
 template <class F>
-void visit_types(const chunk_state& chunk, F&& f) noexcept {
+void visit_types(const chunk_arrays& chunk, F&& f) noexcept {
   const auto with_grad = [&](const auto* grad) {
     if (chunk.working == nullptr) f(grad, static_cast<no_copy*>(nullptr));
     else if (chunk.working_type == dtype::bf16) f(grad, static_cast<bf16*>(chunk.working));
@@ -74,7 +74,7 @@ class cpu_engine {
 
   /// Runs kernel(chunk, begin, end) over every tile of every chunk, on all threads.
   template <class Kernel>
-  void for_each_tile(std::span<const chunk_state> chunks, Kernel&& kernel) {
+  void for_each_tile(std::span<const chunk_arrays> chunks, Kernel&& kernel) {
     split(chunks);
     pool_->parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
       const tile& piece = tiles_[t];
@@ -82,7 +82,7 @@ class cpu_engine {
     });
   }
 
-  double sum_of_squares(std::span<const chunk_state> chunks) {
+  double sum_of_squares(std::span<const chunk_arrays> chunks) {
     split(chunks);
     partials_.assign(tiles_.size(), 0.0);
     pool_->parallel_for(tiles_.size(), [&](std::size_t t) noexcept {
@@ -101,7 +101,7 @@ class cpu_engine {
     std::size_t chunk, begin, end;
   };
 
-  void split(std::span<const chunk_state> chunks) {
+  void split(std::span<const chunk_arrays> chunks) {
     tiles_.clear();
     for (std::size_t c = 0; c < chunks.size(); ++c)
       for (std::size_t begin = 0; begin < chunks[c].count; begin += tile_)

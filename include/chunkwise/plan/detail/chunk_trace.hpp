@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 struct chunk_trace {
   std::vector<std::vector<std::uint32_t>> steps;  // chunk ids each step touches, without repeats

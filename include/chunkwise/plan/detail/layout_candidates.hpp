@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 template <class Layout>
 struct layout_candidates {

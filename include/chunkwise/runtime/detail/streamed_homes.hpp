@@ -13,7 +13,7 @@
 #include <chunkwise/placement/device_cache.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/host.hpp>
-#include <chunkwise/tier/host_device.hpp>
+#include <chunkwise/tier/emulated_device.hpp>
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
 #include <chunkwise/tier/spaces.hpp>
@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 struct streamed_settings {
   std::size_t chunks = 0;                    // streamed chunks
@@ -47,13 +47,13 @@ class streamed_homes {
   using home_tier = std::conditional_t<on_nvme, nvme_tier,
                                        std::conditional_t<std::same_as<Space, space::host>, host_tier, pinned_host_tier>>;
   using engine_type = transfer_engine<host_backend, home_tier, pinned_host_tier>;
-  using cache_type = device_cache<engine_type, host_device_tier>;
+  using cache_type = device_cache<engine_type, emulated_device_tier>;
   using home_handle = typename home_tier::handle_type;
 
  public:
   /// `device`: where the cache's blocks come from; `pinned`: the pinned host tier (the home for space::pinned_host,
   /// NVMe staging and scratch otherwise); `host_budget`: the budget of a pageable host home.
-  streamed_homes(host_device_tier& device, pinned_host_tier& pinned, byte_count host_budget, streamed_settings s)
+  streamed_homes(emulated_device_tier& device, pinned_host_tier& pinned, byte_count host_budget, streamed_settings s)
       : settings_(std::move(s)),
         block_elements_(std::max<std::size_t>(1, *std::max_element(settings_.param_elements.begin(),
                                                                   settings_.param_elements.end()))),

@@ -8,7 +8,7 @@
 #include <span>
 #include <utility>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 class tier_buffer {
  public:

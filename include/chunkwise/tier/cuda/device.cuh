@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 class cuda_device_tier {
  public:

@@ -10,7 +10,7 @@
 
 #include <string>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 class cuda_pinned_host_tier {
  public:

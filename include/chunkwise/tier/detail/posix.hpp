@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-namespace chunkwise::detail {
+namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 [[noreturn]] inline void raise_posix(const char* call, int error_number, const std::string& context,
                                      error_code code = error_code::io_error) {

@@ -1,6 +1,5 @@
 #pragma once
-// measure<Backend>(): the machine profile from microbenchmarks on this machine, each announced by a progress line,
-// about 10 s in all by default; measure_or_load() keeps the result in a JSON cache keyed by a machine fingerprint.
+// measure<host_backend>(): the machine profile of this machine on the host backend, about 10 s in all by default.
 //
 // Host backend (the "device" is a host-memory budget, ranks are threads):
 //   capacities      MemAvailable (/proc/meminfo), free space of the NVMe store's file system (statvfs)
@@ -9,109 +8,28 @@
 //   collectives     thread_comm all-gather, reduce-scatter, all-reduce bus bandwidth at 1 to 64 MiB, 2 ranks
 //   optimizer       the SIMD CPU AdamW over 16 M fp32 parameters, every core
 //   compute         a cache-blocked fp32 GEMM (512^3), every core
-// This header sits above the tiers, the communicators and the optimizers it drives; nothing in profile/ includes it.
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
-#include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/bytes.hpp>
+#include <chunkwise/measure/measure.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
-#include <chunkwise/profile/machine_json.hpp>
 #include <chunkwise/profile/machine_profile.hpp>
 #include <chunkwise/tier/nvme.hpp>
 
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-namespace chunkwise {
-
-struct measure_options {
-  std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // "" = no NVMe store
-  byte_count nvme_test_bytes = 256 * MiB;
-  byte_count device_memory = 0;  // host backend: the device budget per rank; 0 = half of the available memory / ranks
-  std::uint32_t ranks = 1;
-  unsigned threads = 0;          // 0 = every core
-  std::function<void(const std::string&)> progress = [](const std::string& line) {
-    std::fprintf(stderr, "measure: %s\n", line.c_str());
-  };
-};
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
-
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-/// Runs `body` until at least `min_seconds` passed (and at least once); returns seconds per call, the best of
-/// three batches (noise on a shared machine only ever adds time).
-template <class F>
-double time_per_call(F&& body, double min_seconds = 0.15) {
-  double best = 1e300;
-  for (int batch = 0; batch < 3; ++batch) {
-    int calls = 0;
-    const auto start = std::chrono::steady_clock::now();
-    do {
-      body();
-      ++calls;
-    } while (seconds_since(start) < min_seconds / 3);
-    best = std::min(best, seconds_since(start) / calls);
-  }
-  return best;
-}
-
-/// "2.95 GB/s" (decimal units, as bandwidths are quoted).
-inline std::string format_rate(double per_second, const char* unit = "B/s") {
-  const char* prefixes[] = {"", "K", "M", "G", "T", "P"};
-  int p = 0;
-  while (per_second >= 1000.0 && p < 5) {
-    per_second /= 1000.0;
-    ++p;
-  }
-  char text[40];
-  std::snprintf(text, sizeof text, "%.2f %s%s", per_second, prefixes[p], unit);
-  return text;
-}
-
-inline byte_count meminfo_bytes(const char* key) {
-  std::ifstream in("/proc/meminfo");
-  std::string name;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (in >> name >> kib >> unit)
-    if (name == std::string(key) + ":") return kib * KiB;
-  return 0;
-}
-
-/// A stable name for this machine: CPU model, core count, total memory.
-inline std::string machine_fingerprint() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model = "unknown-cpu";
-  while (std::getline(cpuinfo, line))
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a of the description
-  const std::string description = model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" +
-                                  std::to_string(meminfo_bytes("MemTotal") / GiB);
-  for (const char c : description) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  char text[24];
-  std::snprintf(text, sizeof text, "host-%016llx", static_cast<unsigned long long>(hash));
-  return text;
-}
 
 /// C += A * B for n x n row-major fp32 matrices, blocked for the cache and split by rows over `threads`.
 inline void blocked_gemm(const float* a, const float* b, float* c, std::size_t n, unsigned threads) {
@@ -174,7 +92,7 @@ inline double measure_cpu_adam(const measure_options& options, unsigned threads)
     const std::size_t n = 16u << 20;
     std::vector<float> master(n, 0.5f), grad(n, 0.01f), m1(n, 0.0f), m2(n, 0.0f);
     optim::cpu_adam adam(optim::adamw_config(), {.threads = threads});
-    const optim::chunk_state chunk{master.data(), grad.data(), dtype::fp32, m1.data(), m2.data(), nullptr, dtype::fp32, n};
+    const optim::chunk_arrays chunk{master.data(), grad.data(), dtype::fp32, m1.data(), m2.data(), nullptr, dtype::fp32, n};
     std::uint64_t step = 0;
     const double s = time_per_call([&] { adam.step(chunk, {.lr = 1e-4f, .step = ++step}); }, 0.3);
     const double rate = static_cast<double>(n) / s;
@@ -184,9 +102,6 @@ inline double measure_cpu_adam(const measure_options& options, unsigned threads)
 }
 
 }  // namespace detail
-
-template <class Backend>
-machine_profile measure(const measure_options& options = {});
 
 /// The host backend's machine profile.
 template <>
@@ -273,27 +188,6 @@ inline machine_profile measure<host_backend>(const measure_options& options) {
   options.progress(done);
   validate(m);
   return m;
-}
-
-/// The cached profile for this machine (`cache_directory`/machine-<fingerprint>.json) if there is one, else a fresh
-/// measurement, saved there atomically.
-template <class Backend>
-machine_profile measure_or_load(const std::filesystem::path& cache_directory, const measure_options& options = {}) {
-  const auto file = cache_directory / ("machine-" + detail::machine_fingerprint() + ".json");
-  if (std::filesystem::exists(file)) {
-    auto cached = load_machine_profile(file);
-    // The cache holds the machine; how it is used (ranks, the device budget) is this run's.
-    const byte_count per_rank_total = cached.device_memory * cached.devices;
-    cached.devices = options.ranks;
-    cached.device_memory = options.device_memory != 0 ? options.device_memory : per_rank_total / options.ranks;
-    options.progress("using the measured profile " + file.string());
-    return cached;
-  }
-  auto measured = measure<Backend>(options);
-  std::filesystem::create_directories(cache_directory);
-  save_machine_profile(measured, file);
-  options.progress("saved " + file.string());
-  return measured;
 }
 
 }  // namespace chunkwise

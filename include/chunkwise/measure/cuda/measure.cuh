@@ -8,7 +8,7 @@
 #include <chunkwise/backend/cuda/backend.cuh>
 #include <chunkwise/backend/cuda/error.cuh>
 #include <chunkwise/optim/cuda/adam.cuh>
-#include <chunkwise/profile/measure.hpp>
+#include <chunkwise/measure/host.hpp>
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
 
@@ -140,7 +140,7 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
     CHUNKWISE_CUDA_TRY(cudaMalloc(&arrays, 4 * n * sizeof(float)), std::string("measure: Adam buffers"));
     CHUNKWISE_CUDA_TRY(cudaMemsetAsync(arrays, 0, 4 * n * sizeof(float), stream), std::string("measure: Adam buffers"));
     optim::cuda_adam adam(optim::adamw_config(), stream);
-    const optim::chunk_state chunk{arrays, arrays + n, dtype::fp32, arrays + 2 * n, arrays + 3 * n, nullptr, dtype::fp32, n};
+    const optim::chunk_arrays chunk{arrays, arrays + n, dtype::fp32, arrays + 2 * n, arrays + 3 * n, nullptr, dtype::fp32, n};
     std::uint64_t step = 0;
     const double s = detail::cuda_seconds(stream, [&] { adam.step(chunk, {.lr = 1e-4f, .step = ++step}); });
     m.device_optimizer_params_per_second = static_cast<double>(n) / s;
