@@ -112,7 +112,7 @@ TEST_CASE("tensor names longer than the capacity are an error that names them") 
 
 TEST_CASE("errors carry their code and a prefixed message") {
   try {
-    detail::raise(error_code::out_of_memory, "needs 3.20 GiB, budget is 2.00 GiB");
+    throw_error(error_code::out_of_memory, "needs 3.20 GiB, budget is 2.00 GiB");
     FAIL("no throw");
   } catch (const error& e) {
     CHECK(e.code() == error_code::out_of_memory);

@@ -74,10 +74,10 @@ double parse_rate(const std::string& flag, const std::string& text) {
       if (value > 0) return value;
     } catch (const std::exception&) {
     }
-    detail::raise(error_code::invalid_argument, flag + " expects a positive rate such as 16GB/s or 100e12, got '" + text + "'");
+    throw_error(error_code::invalid_argument, flag + " expects a positive rate such as 16GB/s or 100e12, got '" + text + "'");
   }
   const double value = static_cast<double>(parse_bytes(amount));
-  if (value <= 0) detail::raise(error_code::invalid_argument, flag + " must be positive, got '" + text + "'");
+  if (value <= 0) throw_error(error_code::invalid_argument, flag + " must be positive, got '" + text + "'");
   return value;
 }
 
@@ -87,7 +87,7 @@ options parse_options(int argc, char** argv) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     const auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) detail::raise(error_code::invalid_argument, flag + " needs a value");
+      if (i + 1 >= args.size()) throw_error(error_code::invalid_argument, flag + " needs a value");
       return args[++i];
     };
     if (flag == "--help" || flag == "-h") {
@@ -102,7 +102,7 @@ options parse_options(int argc, char** argv) {
     } else if (flag == "--ranks" || flag == "--gpus") {
       const auto ranks = parse_count(value(), flag);
       if (ranks == 0 || ranks > 65536)
-        detail::raise(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(ranks));
+        throw_error(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(ranks));
       opts.machine.gpus = static_cast<std::uint32_t>(ranks);
     } else if (flag == "--gpu-mem") {
       opts.machine.gpu_memory = parse_bytes(value());
@@ -132,7 +132,7 @@ options parse_options(int argc, char** argv) {
     } else if (flag == "--micro-batch") {
       const auto batch = parse_count(value(), flag);
       if (batch == 0 || batch > 1u << 20)
-        detail::raise(error_code::invalid_argument, "--micro-batch must be between 1 and 1048576, got " + std::to_string(batch));
+        throw_error(error_code::invalid_argument, "--micro-batch must be between 1 and 1048576, got " + std::to_string(batch));
       opts.micro_batch = static_cast<std::uint32_t>(batch);
     } else if (flag == "--alignment") {
       opts.alignment = parse_bytes(value());
@@ -140,12 +140,12 @@ options parse_options(int argc, char** argv) {
       dtype type{};
       const std::string& name = value();
       if (!parse_dtype(name, type))
-        detail::raise(error_code::invalid_argument, "--dtype: unknown dtype '" + name + "'; use fp32, bf16 or fp16");
+        throw_error(error_code::invalid_argument, "--dtype: unknown dtype '" + name + "'; use fp32, bf16 or fp16");
       opts.type = type;
     } else if (flag == "--json") {
       opts.json = true;
     } else {
-      detail::raise(error_code::invalid_argument, "unknown option '" + flag + "'\n" + std::string(usage));
+      throw_error(error_code::invalid_argument, "unknown option '" + flag + "'\n" + std::string(usage));
     }
   }
   return opts;

@@ -21,7 +21,7 @@ namespace {
 
 void check_cublas(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    chunkwise::detail::raise(chunkwise::error_code::unsupported,
+    chunkwise::throw_error(chunkwise::error_code::unsupported,
                              std::string("cuBLAS matmul: ") + call + " failed with status " + std::to_string(status));
 }
 
@@ -38,7 +38,7 @@ class cublas_matmul {
     int devices = 0;
     CHUNKWISE_CUDA_TRY(cudaGetDeviceCount(&devices), "train_gpt2 --backend cuda");
     if (devices == 0)
-      chunkwise::detail::raise(chunkwise::error_code::unsupported, "train_gpt2 --backend cuda: no GPU is visible");
+      chunkwise::throw_error(chunkwise::error_code::unsupported, "train_gpt2 --backend cuda: no GPU is visible");
     CHUNKWISE_CUDA_TRY(cudaStreamCreate(&stream_), "cuBLAS matmul stream");
     check_cublas(cublasCreate(&handle_), "cublasCreate");
     check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");

@@ -55,7 +55,7 @@ struct options {
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
   const auto value = parse_count(text, flag);
-  if (value == 0) detail::raise(error_code::invalid_argument, flag + " expects a positive integer, got '" + text + "'");
+  if (value == 0) throw_error(error_code::invalid_argument, flag + " expects a positive integer, got '" + text + "'");
   return value;
 }
 
@@ -65,7 +65,7 @@ options parse(int argc, char** argv) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     const auto value = [&]() -> const std::string& {
-      if (i + 1 >= args.size()) detail::raise(error_code::invalid_argument, flag + " needs a value");
+      if (i + 1 >= args.size()) throw_error(error_code::invalid_argument, flag + " needs a value");
       return args[++i];
     };
     if (flag == "--steps") o.steps = count_flag(flag, value());
@@ -90,14 +90,14 @@ options parse(int argc, char** argv) {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
     } else {
-      detail::raise(error_code::invalid_argument, "unknown option '" + flag + "'; see --help");
+      throw_error(error_code::invalid_argument, "unknown option '" + flag + "'; see --help");
     }
   }
-  if (o.ranks > 64) detail::raise(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
+  if (o.ranks > 64) throw_error(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
   if (o.backend != "host" && o.backend != "cuda")
-    detail::raise(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
+    throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.resume && o.checkpoint.empty())
-    detail::raise(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
+    throw_error(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
   gpt2::validate(o.model);
   return o;
 }
@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
       gpt2::installed_matmul_engine() = &gpt2::cuda_matmul_engine();
       std::printf("backend: matrix products through %s on the GPU\n", gpt2::installed_matmul_engine()->name);
 #else
-      detail::raise(error_code::unsupported, "--backend cuda: this train_gpt2 was built without CUDA (the CUDA "
+      throw_error(error_code::unsupported, "--backend cuda: this train_gpt2 was built without CUDA (the CUDA "
                                              "toolkit was not found, or CHUNKWISE_CUDA=OFF)");
 #endif
     }
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
     if (!o.plan.empty()) {
       chosen = find_plan<gpt2::trainable_plans>(o.plan);
       if (!plans[chosen].feasible)
-        detail::raise(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
+        throw_error(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
                                                      format_bytes(plans[chosen].needed) + " of " +
                                                      std::string(to_string(plans[chosen].limit)) + ", the machine has " +
                                                      format_bytes(plans[chosen].available));

@@ -3,6 +3,7 @@
 // what exists and what would fit.
 #include <chunkwise/core/abi.hpp>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -50,10 +51,27 @@ class error : public std::runtime_error {
   error_code code_;
 };
 
+/// Out of memory: a byte budget (of a tier, the device, the planner) that cannot hold what was asked. Also a
+/// std::bad_alloc, so code written for allocators (RMM's `out_of_memory : bad_alloc`) sees it as one.
+/// Its two std::exception bases make a `catch (const std::exception&)` ambiguous, so such a handler does not take it:
+/// catch `chunkwise::error` (every chunkwise failure) or `std::bad_alloc` before a generic std::exception handler.
+class out_of_memory final : public error, public std::bad_alloc {
+ public:
+  explicit out_of_memory(const std::string& message) : error(error_code::out_of_memory, message) {}
+  [[nodiscard]] const char* what() const noexcept override { return error::what(); }
+};
+
+/// Throws the error of `code`: an `out_of_memory` for error_code::out_of_memory, a plain `error` otherwise. What
+/// chunkwise itself throws through; user code may call it too, or throw `error` directly.
+[[noreturn]] inline void throw_error(error_code code, const std::string& message) {
+  if (code == error_code::out_of_memory) throw out_of_memory(message);
+  throw error(code, message);
+}
+
 namespace detail {
 // Called from constexpr functions on their error path: a throw during constant evaluation stops compilation at
 // this call, and at run time it raises the error. Keeping the string work here keeps constexpr bodies clang-friendly.
-[[noreturn]] inline void raise(error_code code, const std::string& message) { throw error(code, message); }
+[[noreturn]] inline void raise(error_code code, const std::string& message) { throw_error(code, message); }
 }  // namespace detail
 
 }  // namespace chunkwise

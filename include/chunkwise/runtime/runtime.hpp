@@ -453,7 +453,7 @@ class runtime {
     std::exception_ptr failure;
     try {
       body();
-    } catch (const std::exception&) {
+    } catch (...) {  // every failure, out_of_memory included (it is no unambiguous std::exception)
       failure = std::current_exception();
     }
     const float failed = failure ? 1.0f : 0.0f;

@@ -416,7 +416,7 @@ class cuda_adam {
   void allocate(void** where, std::size_t bytes, bool pinned) {
     const cudaError_t status = pinned ? cudaMallocHost(where, bytes) : cudaMalloc(where, bytes);
     if (status != cudaSuccess)
-      throw error(error_code::out_of_memory, std::string("cuda_adam: ") + (pinned ? "cudaMallocHost" : "cudaMalloc") +
+      throw_error(error_code::out_of_memory, std::string("cuda_adam: ") + (pinned ? "cudaMallocHost" : "cudaMalloc") +
                                                  " of " + std::to_string(bytes) + " bytes failed with " +
                                                  cudaGetErrorName(status));
   }
