@@ -88,7 +88,7 @@ void rmw_bandwidth(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto threads = static_cast<unsigned>(state.range(1));
   aligned_array<float> x(n, 1.0f), y(n, 1e-7f);
-  thread_pool pool(threads);
+  worker_threads pool(threads - 1);  // and the caller
   const std::size_t tile = std::size_t{1} << 15;
   for (auto _ : state) {
     pool.parallel_for((n + tile - 1) / tile, [&](std::size_t t) noexcept {
@@ -109,7 +109,7 @@ CHUNKWISE_BENCH_CLONES void triad_kernel(float* a, const float* b, const float* 
 void triad_bandwidth(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
   aligned_array<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
-  thread_pool pool(static_cast<unsigned>(state.range(1)));
+  worker_threads pool(static_cast<std::size_t>(state.range(1)) - 1);  // and the caller
   const std::size_t tile = std::size_t{1} << 15;
   for (auto _ : state) {
     pool.parallel_for((n + tile - 1) / tile, [&](std::size_t t) noexcept {

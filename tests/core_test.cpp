@@ -1,12 +1,28 @@
 #include <chunkwise/core.hpp>
+#include <chunkwise/core/checked_call.hpp>
+#include <chunkwise/core/checkpoint_format.hpp>
+#include <chunkwise/core/hash.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <bit>
+#include <cerrno>
+#include <future>
+#include <new>
+#include <thread>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 using namespace chunkwise;
 
@@ -129,4 +145,422 @@ TEST_CASE("counts parse as whole non-negative integers and junk names the flag")
   CHECK_THROWS_AS(parse_count("-1", "--steps"), error);
   CHECK_THROWS_AS(parse_count("", "--steps"), error);
   CHECK_THROWS_AS(parse_count(" 7", "--steps"), error);
+}
+
+// ---- the checkpoint format (core/checkpoint_format.hpp) ----
+
+namespace {
+
+constexpr checkpoint_kind test_kind{"testkind", "a test file", "test file"};
+constexpr checkpoint_kind other_kind{"otherknd", "another test file", "other file"};
+
+/// A small file of the format: an identity of three fields and four pieces, one of them empty (in the middle, so
+/// that a file cut anywhere before its end leaves some piece short).
+struct sample_file {
+  std::string identity;
+  std::vector<std::vector<unsigned char>> pieces;
+
+  sample_file() {
+    identity = checkpoint_fields().put_text("tiny").put(std::uint64_t{42}).put(std::uint32_t{7}).bytes();
+    pieces.push_back({1, 2, 3, 4, 5});
+    pieces.emplace_back();
+    pieces.emplace_back();
+    for (unsigned char i = 0; i < 13; ++i) pieces.back().push_back(static_cast<unsigned char>(0xa0 + i));
+    pieces.emplace_back(sizeof(float) * 8);
+    const float values[8] = {1.0f, -2.5f, 3.25f, 0.0f, 1e-30f, -1e30f, 7.0f, 0.5f};
+    std::memcpy(pieces.back().data(), values, sizeof values);
+  }
+  [[nodiscard]] checkpoint_format_writer writer(const checkpoint_kind& kind = test_kind) const {
+    checkpoint_format_writer w(kind, identity);
+    for (const auto& p : pieces) w.add_piece(p.data(), p.size());
+    return w;
+  }
+  [[nodiscard]] std::string bytes(const checkpoint_kind& kind = test_kind) const { return writer(kind).bytes(); }
+  [[nodiscard]] static std::string label(std::size_t k) { return "part " + std::to_string(k); }
+};
+
+/// Reads every piece of `bytes` as a stream, in order.
+std::vector<std::vector<unsigned char>> read_stream(const std::string& bytes, const checkpoint_kind& kind = test_kind) {
+  std::istringstream in(bytes);
+  checkpoint_format_reader reader(in, kind, "test: ");
+  std::vector<std::vector<unsigned char>> pieces;
+  for (std::size_t k = 0; k < reader.pieces().size(); ++k) {
+    pieces.emplace_back(reader.pieces()[k].bytes);
+    reader.read_piece(k, pieces.back().data(), sample_file::label(k));
+  }
+  return pieces;
+}
+
+/// The message of the chunkwise::error `f` throws with code `code`; "(no error)" when it throws none.
+std::string error_of(const std::function<void()>& f, error_code code = error_code::parse_error) {
+  try {
+    f();
+  } catch (const error& e) {
+    CHECK(e.code() == code);
+    return e.what();
+  }
+  return "(no error)";
+}
+
+struct scratch_dir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("chunkwise_core_format_" + std::to_string(::getpid()));
+  scratch_dir() {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint-format file round-trips its identity and pieces through a stream and a file") {
+  const sample_file sample;
+  const auto writer = sample.writer();
+  const std::string bytes = writer.bytes();
+  // The layout, pinned: a change here is a new format version.
+  REQUIRE(bytes.size() == writer.file_bytes());
+  CHECK(writer.header_bytes() == 64 + sample.identity.size() + 16 * 4);
+  CHECK(bytes.size() == 64 + 20 + 16 * 4 + 5 + 0 + 13 + 32);
+  CHECK(bytes.substr(0, 8) == "CHKWCKPT");
+  CHECK(bytes.substr(8, 4) == std::string("\x03\0\0\0", 4));
+  CHECK(bytes.substr(16, 8) == "testkind");
+  CHECK(bytes.substr(64, sample.identity.size()) == sample.identity);
+  CHECK(crc32c(bytes.data(), bytes.size()) == 0x0ec166dfu);  // the whole file, as this version writes it
+  std::ostringstream streamed;
+  writer.write(streamed);
+  CHECK(streamed.str() == bytes);
+
+  std::istringstream in(bytes);
+  checkpoint_format_reader reader(in, test_kind, "test: ");
+  CHECK(reader.identity() == sample.identity);
+  CHECK(reader.file_bytes() == bytes.size());
+  REQUIRE(reader.pieces().size() == 4);
+  checkpoint_field_reader fields(reader);
+  CHECK(fields.take_text(16) == "tiny");
+  CHECK(fields.take<std::uint64_t>() == 42);
+  CHECK(fields.take<std::uint32_t>() == 7);
+  fields.finish();
+  for (std::size_t k = 0; k < 4; ++k) {
+    std::vector<unsigned char> piece(reader.pieces()[k].bytes);
+    reader.read_piece(k, piece.data(), sample_file::label(k));
+    CHECK(piece == sample.pieces[k]);
+  }
+
+  // A file: any piece, in any order, more than once.
+  const scratch_dir dir;
+  const auto path = dir.path / "sample.ckpt";
+  writer.write_atomically(path);
+  checkpoint_format_reader file(path, test_kind);
+  for (std::size_t k = 4; k-- > 0;) CHECK(file.read_piece_as<unsigned char>(k, "") == sample.pieces[k]);
+  const auto floats = file.read_piece_as<float>(3, "floats");
+  REQUIRE(floats.size() == 8);
+  CHECK(floats[1] == -2.5f);
+  CHECK(floats[5] == -1e30f);
+}
+
+TEST_CASE("a flipped bit anywhere in a checkpoint-format header is detected and named by what it hit") {
+  const sample_file sample;
+  const std::string good = sample.bytes();
+  const std::size_t header = sample.writer().header_bytes();
+  for (std::size_t at = 0; at < header; ++at)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[at] = static_cast<char>(bad[at] ^ (1 << bit));
+      const std::string message = error_of([&] { (void)read_stream(bad); });
+      CAPTURE(at);
+      CAPTURE(message);
+      CHECK(message.rfind("chunkwise: test: ", 0) == 0);
+      if (at < 8)
+        CHECK(message.find("not a chunkwise checkpoint file: its magic is") != std::string::npos);
+      else if (at < 12)
+        CHECK(message.find("is not supported: this build reads format version 3") != std::string::npos);
+      else
+        CHECK(message.find("checksum mismatch: its header does not match its checksum") != std::string::npos);
+    }
+  // A reader of a file names it.
+  const scratch_dir dir;
+  const auto path = dir.path / "flipped.ckpt";
+  for (const std::size_t at : {std::size_t{20}, std::size_t{70}}) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x40);
+    write_file_atomically(path, bad);
+    const std::string message = error_of([&] { checkpoint_format_reader reader(path, test_kind); });
+    CHECK(message.find("test file '" + path.string() + "' is corrupted or truncated: checksum mismatch: its header "
+                       "does not match its checksum") != std::string::npos);
+  }
+}
+
+TEST_CASE("a flipped bit in each checkpoint-format piece is detected and names the piece") {
+  const sample_file sample;
+  const std::string good = sample.bytes();
+  const auto writer = sample.writer();
+  const scratch_dir dir;
+  const auto path = dir.path / "piece.ckpt";
+  std::size_t offset = writer.header_bytes();
+  for (std::size_t k = 0; k < sample.pieces.size(); offset += sample.pieces[k].size(), ++k)
+    for (std::size_t at = offset; at < offset + sample.pieces[k].size(); ++at) {
+      std::string bad = good;
+      bad[at] = static_cast<char>(bad[at] ^ (1 << (at % 8)));
+      CAPTURE(at);
+      const std::string expected = "checksum mismatch: piece " + std::to_string(k) + " (part " + std::to_string(k) +
+                                   ") does not match its checksum (stored 0x";
+      CHECK(error_of([&] { (void)read_stream(bad); }).find("chunkwise: test: " + expected) != std::string::npos);
+      // Through a file the header is fine and the other pieces still read.
+      write_file_atomically(path, bad);
+      checkpoint_format_reader file(path, test_kind);
+      for (std::size_t other = 0; other < sample.pieces.size(); ++other) {
+        if (other == k) {
+          const std::string message = error_of([&] { (void)file.read_piece_as<unsigned char>(k, sample_file::label(k)); });
+          CHECK(message.find("test file '" + path.string() + "' is corrupted or truncated: " + expected) !=
+                std::string::npos);
+        } else {
+          CHECK(file.read_piece_as<unsigned char>(other, "") == sample.pieces[other]);
+        }
+      }
+    }
+}
+
+TEST_CASE("a checkpoint-format file cut at any byte is found truncated, from a stream and from a file") {
+  const sample_file sample;
+  const std::string good = sample.bytes();
+  const scratch_dir dir;
+  const auto path = dir.path / "cut.ckpt";
+  for (std::size_t length = 0; length < good.size(); ++length) {
+    CAPTURE(length);
+    const std::string cut = good.substr(0, length);
+    const std::string streamed = error_of([&] { (void)read_stream(cut); });
+    CHECK(streamed.find("chunkwise: test: the input is truncated: ") != std::string::npos);
+    if (length < 64) CHECK(streamed.find("it ends after " + std::to_string(length) + " bytes, inside the 64-byte header") != std::string::npos);
+    write_file_atomically(path, cut);
+    const std::string read = error_of([&] { checkpoint_format_reader reader(path, test_kind); });
+    CHECK(read.find("test file '" + path.string() + "' is corrupted or truncated: the input is truncated: ") !=
+          std::string::npos);
+  }
+  // A byte too many is damage too (a file, whose size is known).
+  write_file_atomically(path, good + '\0');
+  CHECK(error_of([&] { checkpoint_format_reader reader(path, test_kind); })
+            .find("it has " + std::to_string(good.size() + 1) + " bytes, 1 more than its header accounts for") !=
+        std::string::npos);
+}
+
+TEST_CASE("a checkpoint-format file of another magic, version or kind is named as such") {
+  const sample_file sample;
+  const std::string good = sample.bytes();
+  std::string magic = good;
+  magic.replace(0, 8, "NOTOURS!");
+  CHECK(error_of([&] { (void)read_stream(magic); })
+            .find("test: not a chunkwise checkpoint file: its magic is \"NOTOURS!\", not \"CHKWCKPT\"") != std::string::npos);
+  CHECK(error_of([&] { (void)read_stream("hello"); }).find("its magic is \"hello\"") != std::string::npos);
+  std::string version = good;
+  version[8] = 9;
+  CHECK(error_of([&] { (void)read_stream(version); })
+            .find("test: format version 9 is not supported: this build reads format version 3") != std::string::npos);
+  CHECK(error_of([&] { (void)read_stream(sample.bytes(other_kind)); })
+            .find("test: it holds kind \"otherknd\", not a test file (kind \"testkind\")") != std::string::npos);
+  // The formats before the shared one: named with both versions, not called corrupt.
+  std::string old_runtime = "CHKWCK02" + std::string(56, '\0');
+  CHECK(error_of([&] { (void)read_stream(old_runtime); })
+            .find("it is in format version 2 (magic \"CHKWCK02\", a runtime checkpoint of an older chunkwise); this "
+                  "build reads format version 3 only") != std::string::npos);
+  std::string old_state("CWOPTST\0\x01\0\0\0", 12);
+  old_state += std::string(52, '\0');
+  CHECK(error_of([&] { (void)read_stream(old_state); })
+            .find("it is in format version 1 (magic \"CWOPTST\\x00\", an optimizer state of an older chunkwise); this "
+                  "build reads format version 3") != std::string::npos);
+  // Through a file, the file is named.
+  const scratch_dir dir;
+  const auto path = dir.path / "other.ckpt";
+  sample.writer(other_kind).write_atomically(path);
+  CHECK(error_of([&] { checkpoint_format_reader reader(path, test_kind); })
+            .find("test file '" + path.string() + "': it holds kind \"otherknd\"") != std::string::npos);
+  CHECK(error_of([&] { checkpoint_format_reader reader(dir.path / "missing.ckpt", test_kind); }, error_code::io_error)
+            .find("missing.ckpt': cannot open it") != std::string::npos);
+}
+
+TEST_CASE("checkpoint-format identities that run short or have bytes left over are damage; stream pieces go in order") {
+  const auto read_identity = [](const std::string& identity, const std::function<void(checkpoint_field_reader&)>& parse) {
+    std::istringstream in(checkpoint_format_writer(test_kind, identity).bytes());
+    checkpoint_format_reader reader(in, test_kind, "test: ");
+    checkpoint_field_reader fields(reader);
+    parse(fields);
+  };
+  CHECK(error_of([&] { read_identity("abc", [](checkpoint_field_reader& f) { (void)f.take<std::uint64_t>(); }); })
+            .find("test: its identity ends after 3 bytes, inside a field of 8 bytes at byte 0") != std::string::npos);
+  CHECK(error_of([&] { read_identity("abcdefgh", [](checkpoint_field_reader& f) { (void)f.take<std::uint32_t>(); f.finish(); }); })
+            .find("its identity has 4 bytes after its last field") != std::string::npos);
+  CHECK(error_of([&] {
+          read_identity(checkpoint_fields().put_text("a long name").bytes(), [](checkpoint_field_reader& f) { (void)f.take_text(4); });
+        }).find("claims 11 characters, more than the 4 it may have") != std::string::npos);
+
+  const sample_file sample;
+  std::istringstream in(sample.bytes());
+  checkpoint_format_reader reader(in, test_kind, "test: ");
+  std::vector<unsigned char> piece(64);
+  CHECK(error_of([&] { reader.read_piece(2, piece.data(), ""); }, error_code::invalid_argument)
+            .find("piece 2 asked for where piece 0 is next") != std::string::npos);
+  CHECK(error_of([&] { reader.read_piece(4, piece.data(), ""); }, error_code::invalid_argument)
+            .find("piece 4 does not exist; the file holds 4 pieces") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint-format file written atomically keeps its old contents when the write fails") {
+  const sample_file sample;
+  const scratch_dir dir;
+  const auto path = dir.path / "atomic.ckpt";
+  sample.writer().write_atomically(path);
+  const std::string before = read_file(path);
+  checkpoint_format_writer bigger(test_kind, "another identity");
+  bigger.add_piece(sample.pieces[3].data(), sample.pieces[3].size());
+  testing::atomic_write_faults faults;
+  faults.write_fails_after = 10;
+  CHECK(error_of([&] { bigger.write_atomically(path, &faults); }, error_code::io_error).find("write") !=
+        std::string::npos);
+  CHECK(read_file(path) == before);
+  checkpoint_format_reader reader(path, test_kind);
+  CHECK(reader.identity() == sample.identity);
+  CHECK(std::filesystem::directory_iterator(dir.path) != std::filesystem::directory_iterator());
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir.path)) ++files;
+  CHECK(files == 1);  // no temporary file left behind
+}
+
+// ---- checked calls, out_of_memory, worker_threads, fnv1a --------------------------------------------------------
+
+TEST_CASE("out_of_memory is caught as chunkwise::error with its code and as std::bad_alloc") {
+  bool as_error = false, as_bad_alloc = false;
+  try {
+    chunkwise::throw_error(chunkwise::error_code::out_of_memory, "needs 3 GiB, budget is 2 GiB");
+  } catch (const chunkwise::error& e) {
+    as_error = e.code() == chunkwise::error_code::out_of_memory;
+    CHECK(std::string(e.what()) == "chunkwise: needs 3 GiB, budget is 2 GiB");
+  }
+  try {
+    chunkwise::throw_error(chunkwise::error_code::out_of_memory, "needs 3 GiB");
+  } catch (const std::bad_alloc& e) {
+    as_bad_alloc = std::string(e.what()) == "chunkwise: needs 3 GiB";
+  }
+  CHECK(as_error);
+  CHECK(as_bad_alloc);
+  // Every other code is a plain error, never a bad_alloc.
+  CHECK_THROWS_AS(chunkwise::throw_error(chunkwise::error_code::io_error, "x"), chunkwise::error);
+  bool io_as_bad_alloc = false;
+  try {
+    chunkwise::throw_error(chunkwise::error_code::io_error, "x");
+  } catch (const std::bad_alloc&) {
+    io_as_bad_alloc = true;
+  } catch (const chunkwise::error&) {
+  }
+  CHECK_FALSE(io_as_bad_alloc);
+}
+
+namespace {
+std::string failure_of(const std::function<void()>& call, chunkwise::error_code expected) {
+  try {
+    call();
+  } catch (const chunkwise::error& e) {
+    CHECK(e.code() == expected);
+    return e.what();
+  }
+  FAIL("no error was thrown");
+  return {};
+}
+}  // namespace
+
+TEST_CASE("a failed POSIX call names the context, the call as written, errno's text and name, and the place") {
+  const std::string message = failure_of(
+      [] { CHUNKWISE_POSIX_TRY(::close(-1), std::string("closing the store")); }, chunkwise::error_code::io_error);
+  CAPTURE(message);
+  CHECK(message.find("chunkwise: closing the store: ::close(-1) failed: ") == 0);
+  CHECK(message.find(std::strerror(EBADF)) != std::string::npos);
+  CHECK(message.find("errno " + std::to_string(EBADF)) != std::string::npos);
+  CHECK(message.find("EBADF") != std::string::npos);
+  CHECK(message.find("core_test.cpp:") != std::string::npos);
+  // Success evaluates the call once and throws nothing.
+  int calls = 0;
+  CHUNKWISE_POSIX_TRY((++calls, 0), "never");
+  CHECK(calls == 1);
+}
+
+TEST_CASE("an io_uring-style -errno result and ENOMEM go through the same family; ENOMEM is out of memory") {
+  const std::string message = failure_of([] { CHUNKWISE_URING_TRY(-EIO, "NVMe tier 'x'"); }, chunkwise::error_code::io_error);
+  CHECK(message.find("NVMe tier 'x': -EIO failed: ") != std::string::npos);
+  CHECK(message.find("errno " + std::to_string(EIO)) != std::string::npos);
+  CHECK_THROWS_AS(chunkwise::throw_posix_failure("mmap", ENOMEM, "pinned host tier"), std::bad_alloc);
+  const std::string without_context =
+      failure_of([] { chunkwise::throw_posix_failure("rename 'a'", EXDEV, {}); }, chunkwise::error_code::io_error);
+  CHECK(without_context.find("chunkwise: rename 'a' failed: ") == 0);
+}
+
+TEST_CASE("worker threads run pushed tasks in order with one worker and keep the first failure") {
+  chunkwise::worker_threads one(1);
+  std::vector<int> order;
+  for (int i = 0; i < 100; ++i) one.push([&order, i] { order.push_back(i); });
+  one.push([] { throw chunkwise::error(chunkwise::error_code::io_error, "first"); });
+  one.push([] { throw chunkwise::error(chunkwise::error_code::io_error, "second"); });
+  one.push([&order] { order.push_back(100); });  // a failure does not stop the worker
+  one.drain();
+  REQUIRE(order.size() == 101);
+  for (int i = 0; i <= 100; ++i) CHECK(order[static_cast<std::size_t>(i)] == i);
+  CHECK_THROWS_WITH_AS(one.rethrow_if_failed(), "chunkwise: first", chunkwise::error);
+  CHECK_NOTHROW(one.rethrow_if_failed());  // rethrown once
+}
+
+TEST_CASE("submit reports through its future and run_now_or_submit keeps issue order") {
+  chunkwise::worker_threads one(1);
+  std::vector<int> order;
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  auto first = one.submit(std::packaged_task<void()>([&order, gate] {
+    gate.wait();
+    order.push_back(1);
+  }));
+  // The worker is busy: this one must queue behind it, not run on the caller now.
+  auto second = one.run_now_or_submit(std::packaged_task<void()>([&order] { order.push_back(2); }));
+  CHECK(order.empty());
+  release.set_value();
+  first.get();
+  second.get();
+  REQUIRE(order.size() == 2);
+  CHECK(order[0] == 1);
+  CHECK(order[1] == 2);
+  // Idle: it runs on the calling thread before returning.
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  one.run_now_or_submit(std::packaged_task<void()>([&ran_on] { ran_on = std::this_thread::get_id(); })).get();
+  CHECK(ran_on == caller);
+  auto failing = one.submit(std::packaged_task<void()>([] { throw chunkwise::error(chunkwise::error_code::comm_error, "x"); }));
+  CHECK_THROWS_AS(failing.get(), chunkwise::error);
+}
+
+TEST_CASE("parallel_for runs every index once on workers and caller, also nested in a worker and with no worker") {
+  for (const std::size_t workers : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    CAPTURE(workers);
+    chunkwise::worker_threads pool(workers);
+    CHECK(pool.parallel_width() == workers + 1);
+    for (const std::size_t tasks : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{5000}}) {
+      std::vector<std::atomic<int>> hits(tasks);
+      pool.parallel_for(tasks, [&](std::size_t i) noexcept { hits[i].fetch_add(1); });
+      for (std::size_t i = 0; i < tasks; ++i) CHECK(hits[i].load() == 1);
+    }
+    // From inside a task of the same object: the caller does what no worker takes, nothing deadlocks.
+    std::atomic<int> nested{0};
+    pool.push([&] { pool.parallel_for(64, [&](std::size_t) noexcept { nested.fetch_add(1); }); });
+    pool.drain();
+    CHECK(nested.load() == 64);
+  }
+}
+
+TEST_CASE("fnv1a is chunkwise's one identity hash: stable values, values and text mix in order") {
+  static_assert(chunkwise::fnv1a().value() == chunkwise::fnv1a::offset_basis);
+  static_assert(chunkwise::fnv1a().add("ab").value() == chunkwise::fnv1a().add("a").add("b").value());
+  static_assert(chunkwise::fnv1a().add(1).add(2).value() != chunkwise::fnv1a().add(2).add(1).value());
+  // Saved checkpoints and machine caches carry these: the values must never change.
+  CHECK(chunkwise::fnv1a().add("a").value() == 0x44bd8ad473cd9906ull);
+  CHECK(chunkwise::fnv1a().add("gpt2").add(std::uint64_t{768}).value() ==
+        chunkwise::fnv1a(chunkwise::fnv1a().add("gpt2").value()).add(std::uint64_t{768}).value());
 }

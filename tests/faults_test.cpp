@@ -5,6 +5,7 @@
 #include <chunkwise/comm.hpp>
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/placement.hpp>
+#include <chunkwise/testing.hpp>
 #include <chunkwise/tier.hpp>
 
 #include <doctest/doctest.h>
@@ -27,6 +28,7 @@
 #include "tier_test_support.hpp"
 
 using namespace chunkwise;
+using namespace chunkwise::testing;  // the fault injectors
 using chunkwise::test::fill_random;
 using chunkwise::test::matches_random;
 using chunkwise::test::message_of;

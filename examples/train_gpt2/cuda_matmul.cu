@@ -2,7 +2,7 @@
 // run on the GPU with llm.c's cuBLAS calls; the rest of the maths stays on the CPU. Operands live in host memory
 // (chunkwise's tiers on the host backend), so each product copies its inputs to device buffers, runs, and copies its
 // outputs back: the PCIe traffic is what this path measures besides the GEMMs.
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/error.hpp>
 
 #include "matmul_engine.hpp"
@@ -19,12 +19,6 @@
 namespace gpt2 {
 namespace {
 
-void check_cublas(cublasStatus_t status, const char* call) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    chunkwise::throw_error(chunkwise::error_code::unsupported,
-                             std::string("cuBLAS matmul: ") + call + " failed with status " + std::to_string(status));
-}
-
 __global__ void add_bias(float* out, const float* bias, std::size_t rows, std::size_t columns) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i < rows * columns) out[i] += bias[i % columns];
@@ -40,10 +34,10 @@ class cublas_matmul {
     if (devices == 0)
       chunkwise::throw_error(chunkwise::error_code::unsupported, "train_gpt2 --backend cuda: no GPU is visible");
     CHUNKWISE_CUDA_TRY(cudaStreamCreate(&stream_), "cuBLAS matmul stream");
-    check_cublas(cublasCreate(&handle_), "cublasCreate");
-    check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
+    CHUNKWISE_CUBLAS_TRY(cublasCreate(&handle_), "cuBLAS matmul");
+    CHUNKWISE_CUBLAS_TRY(cublasSetStream(handle_, stream_), "cuBLAS matmul");
     // fp32 products as in the CPU loops (no TF32), so the two engines agree to fp32 rounding.
-    check_cublas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    CHUNKWISE_CUBLAS_TRY(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cuBLAS matmul");
   }
   ~cublas_matmul() {
     for (auto& b : buffers_) cudaFree(b.data);
@@ -59,10 +53,9 @@ class cublas_matmul {
     float* d_out = buffer(2, rows * OC);
     const float one = 1.0f, zero = 0.0f;
     // Column-major view: out^T (OC x rows) = weight (C x OC)^T . inp^T (C x rows).
-    check_cublas(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(rows),
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(rows),
                              static_cast<int>(C), &one, d_weight, static_cast<int>(C), d_inp, static_cast<int>(C),
-                             &zero, d_out, static_cast<int>(OC)),
-                 "cublasSgemm (forward)");
+                             &zero, d_out, static_cast<int>(OC)), "cuBLAS matmul");
     if (bias != nullptr) {
       float* d_bias = upload(3, bias, OC);
       const std::size_t n = rows * OC;
@@ -82,22 +75,19 @@ class cublas_matmul {
     float* d_dweight = upload(4, dweight, OC * C);   // accumulated into
     const float one = 1.0f;
     // dinp (rows x C) += dout (rows x OC) . weight (OC x C)
-    check_cublas(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(rows),
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(rows),
                              static_cast<int>(OC), &one, d_weight, static_cast<int>(C), d_dout, static_cast<int>(OC),
-                             &one, d_dinp, static_cast<int>(C)),
-                 "cublasSgemm (dinp)");
+                             &one, d_dinp, static_cast<int>(C)), "cuBLAS matmul");
     // dweight (OC x C) += dout^T (OC x rows) . inp (rows x C)
-    check_cublas(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C), static_cast<int>(OC),
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C), static_cast<int>(OC),
                              static_cast<int>(rows), &one, d_inp, static_cast<int>(C), d_dout, static_cast<int>(OC),
-                             &one, d_dweight, static_cast<int>(C)),
-                 "cublasSgemm (dweight)");
+                             &one, d_dweight, static_cast<int>(C)), "cuBLAS matmul");
     if (dbias != nullptr) {
       float* d_dbias = upload(5, dbias, OC);
       float* d_ones = ones(rows);
       // dbias (OC) += dout^T . ones
-      check_cublas(cublasSgemv(handle_, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(rows), &one, d_dout,
-                               static_cast<int>(OC), d_ones, 1, &one, d_dbias, 1),
-                   "cublasSgemv (dbias)");
+      CHUNKWISE_CUBLAS_TRY(cublasSgemv(handle_, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(rows), &one, d_dout,
+                               static_cast<int>(OC), d_ones, 1, &one, d_dbias, 1), "cuBLAS matmul");
       download(dbias, d_dbias, OC, /*wait=*/false);
     }
     download(dweight, d_dweight, OC * C, /*wait=*/false);

@@ -1,5 +1,15 @@
 #pragma once
-// Everything in chunkwise that the host path provides.
+// Everything in chunkwise that the host path provides, each part through its umbrella (the CUDA parts are the
+// `.cuh` headers under */cuda/; the test-only fault injectors are <chunkwise/testing.hpp>).
+#include <chunkwise/backend.hpp>
+#include <chunkwise/collective.hpp>
+#include <chunkwise/comm.hpp>
 #include <chunkwise/core.hpp>
 #include <chunkwise/layout.hpp>
+#include <chunkwise/measure.hpp>
+#include <chunkwise/optim.hpp>
+#include <chunkwise/placement.hpp>
+#include <chunkwise/plan.hpp>
 #include <chunkwise/profile.hpp>
+#include <chunkwise/runtime.hpp>
+#include <chunkwise/tier.hpp>

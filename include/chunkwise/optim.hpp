@@ -11,4 +11,3 @@
 #include <chunkwise/optim/loss_scaler.hpp>
 #include <chunkwise/optim/mixed_precision.hpp>
 #include <chunkwise/optim/state_io.hpp>
-#include <chunkwise/optim/thread_pool.hpp>

@@ -2,7 +2,7 @@
 // The host backend: "device" memory is host memory, each stream is a worker thread running its queue in order, and
 // events are completion flags. Every memory-limited scenario of the CUDA backend runs on a CPU-only machine this way.
 #include <chunkwise/backend/concepts.hpp>
-#include <chunkwise/backend/detail/task_queue.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/core/bytes.hpp>
 
 #include <cstring>
@@ -25,7 +25,7 @@ class host_stream {
   }
 
  private:
-  detail::task_queue queue_;
+  worker_threads queue_;
 };
 
 /// Completes when the work queued on its stream before it was recorded has run (cudaEvent_t's stand-in).
@@ -33,14 +33,14 @@ class host_stream {
 class host_event {
  public:
   host_event() = default;
-  explicit host_event(std::shared_ptr<detail::completion> state) : state_(std::move(state)) {}
+  explicit host_event(std::shared_ptr<completion> state) : state_(std::move(state)) {}
   [[nodiscard]] bool ready() const noexcept { return !state_ || state_->ready(); }
   void wait() const {
     if (state_) state_->wait();
   }
 
  private:
-  std::shared_ptr<detail::completion> state_;
+  std::shared_ptr<completion> state_;
 };
 
 class host_backend {
@@ -56,7 +56,7 @@ class host_backend {
     stream.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
   host_event record(host_stream& stream) {
-    auto state = std::make_shared<detail::completion>();
+    auto state = std::make_shared<completion>();
     stream.enqueue([state] { state->complete(); });
     return host_event(std::move(state));
   }

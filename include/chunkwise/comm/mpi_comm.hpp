@@ -20,15 +20,9 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/mpi_checked_call.hpp>
 
-// Only the C API: skip the deprecated C++ bindings (warnings, compile time).
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <mpi.h>  // after core/mpi_checked_call.hpp, which asks for the C API only
 
 #include <climits>
 #include <cstddef>
@@ -40,22 +34,9 @@
 #include <utility>
 #include <vector>
 
-/// Checks an MPI call's return code (communicators are set to MPI_ERRORS_RETURN) and throws chunkwise::error
-/// (comm_error) naming the call, the place and MPI's message.
-#define CHUNKWISE_MPI_TRY(call) ::chunkwise::detail::check_mpi((call), #call, __FILE__, __LINE__)
-
 namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
-
-inline void check_mpi(int code, const char* call, const char* file, int line) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                                          std::string(text, static_cast<std::size_t>(length)));
-}
 
 /// MPI counts are int: a message of more bytes than that must be cut by the caller (chunks are far smaller).
 inline int mpi_count(std::size_t bytes, const char* what) {
@@ -77,14 +58,14 @@ struct mpi_operation {
 
   void finish() {
     while (!done) {
-      CHUNKWISE_MPI_TRY(MPI_Wait(&request, MPI_STATUS_IGNORE));
+      CHUNKWISE_MPI_TRY(MPI_Wait(&request, MPI_STATUS_IGNORE), "mpi_comm");
       advance();
     }
   }
   bool poll() {
     while (!done) {
       int flag = 0;
-      CHUNKWISE_MPI_TRY(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      CHUNKWISE_MPI_TRY(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "mpi_comm");
       if (!flag) return false;
       advance();
     }
@@ -139,10 +120,10 @@ class mpi_environment {
  public:
   mpi_environment(int& argc, char**& argv) {
     int initialized = 0;
-    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized));
+    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized), "mpi_comm");
     if (initialized) return;
     int provided = 0;
-    CHUNKWISE_MPI_TRY(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided));
+    CHUNKWISE_MPI_TRY(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "mpi_comm");
     owns_ = true;
   }
   mpi_environment(const mpi_environment&) = delete;
@@ -177,12 +158,12 @@ class mpi_comm {
   /// initialised (mpi_environment). Copies share the duplicate.
   explicit mpi_comm(MPI_Comm comm = MPI_COMM_WORLD) {
     int initialized = 0;
-    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized));
+    CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized), "mpi_comm");
     if (!initialized)
       detail::raise(error_code::invalid_argument,
                     "mpi_comm: MPI is not initialised; create a chunkwise::mpi_environment (or call MPI_Init) first");
     MPI_Comm duplicate = MPI_COMM_NULL;
-    CHUNKWISE_MPI_TRY(MPI_Comm_dup(comm, &duplicate));
+    CHUNKWISE_MPI_TRY(MPI_Comm_dup(comm, &duplicate), "mpi_comm");
     adopt(duplicate, std::make_shared<detail::mpi_issue_order>());
   }
 
@@ -196,7 +177,7 @@ class mpi_comm {
     const int bytes = detail::mpi_count(in.size_bytes(), "all_gather");
     return post([&](detail::mpi_operation& op) {
       CHUNKWISE_MPI_TRY(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), bytes, MPI_BYTE, out.data(), bytes,
-                                       MPI_BYTE, native(), &op.request));
+                                       MPI_BYTE, native(), &op.request), "mpi_comm");
     });
   }
 
@@ -209,7 +190,7 @@ class mpi_comm {
     return post([&](detail::mpi_operation& operation) {
       operation.scratch.resize(in.size_bytes());
       CHUNKWISE_MPI_TRY(MPI_Ialltoall(in.data(), bytes, MPI_BYTE, operation.scratch.data(), bytes, MPI_BYTE,
-                                      native(), &operation.request));
+                                      native(), &operation.request), "mpi_comm");
       operation.then = [out, op, ranks](detail::mpi_operation& self) {
         reduce_received<T>(self.scratch, out.size(), ranks, out.data(), op);
       };
@@ -240,13 +221,13 @@ class mpi_comm {
       CHUNKWISE_MPI_TRY(MPI_Ialltoallv(in.data(), operation.counts.data(), operation.displacements.data(), MPI_BYTE,
                                        operation.scratch.data(), operation.receive_counts.data(),
                                        operation.receive_displacements.data(), MPI_BYTE, native(),
-                                       &operation.request));
+                                       &operation.request), "mpi_comm");
       operation.then = [out, op, ranks, me, comm = native()](detail::mpi_operation& self) {
         const auto mine_bytes = static_cast<std::size_t>(self.counts[static_cast<std::size_t>(me)]);
         const auto begin = static_cast<std::size_t>(self.displacements[static_cast<std::size_t>(me)]) / sizeof(T);
         reduce_received<T>(self.scratch, mine_bytes / sizeof(T), ranks, out.data() + begin, op);
         CHUNKWISE_MPI_TRY(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out.data(), self.counts.data(),
-                                          self.displacements.data(), MPI_BYTE, comm, &self.request));
+                                          self.displacements.data(), MPI_BYTE, comm, &self.request), "mpi_comm");
       };
     });
   }
@@ -256,12 +237,12 @@ class mpi_comm {
     detail::check_root("mpi_comm", root, size_);
     const int bytes = detail::mpi_count(buffer.size_bytes(), "broadcast");
     return post([&](detail::mpi_operation& op) {
-      CHUNKWISE_MPI_TRY(MPI_Ibcast(buffer.data(), bytes, MPI_BYTE, root, native(), &op.request));
+      CHUNKWISE_MPI_TRY(MPI_Ibcast(buffer.data(), bytes, MPI_BYTE, root, native(), &op.request), "mpi_comm");
     });
   }
 
   request barrier() {
-    return post([&](detail::mpi_operation& op) { CHUNKWISE_MPI_TRY(MPI_Ibarrier(native(), &op.request)); });
+    return post([&](detail::mpi_operation& op) { CHUNKWISE_MPI_TRY(MPI_Ibarrier(native(), &op.request), "mpi_comm"); });
   }
 
   /// MPI_Comm_split; the new communicator keeps issue order with this one.
@@ -271,7 +252,7 @@ class mpi_comm {
                     "mpi_comm: split color " + std::to_string(color) + " is negative; colors are >= 0");
     handle_->order->complete_all();
     MPI_Comm part = MPI_COMM_NULL;
-    CHUNKWISE_MPI_TRY(MPI_Comm_split(native(), color, key, &part));
+    CHUNKWISE_MPI_TRY(MPI_Comm_split(native(), color, key, &part), "mpi_comm");
     return mpi_comm(adopt_tag{}, part, handle_->order);
   }
 
@@ -281,9 +262,9 @@ class mpi_comm {
 
   void adopt(MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order) {
     handle_ = std::make_shared<detail::mpi_handle>(comm, std::move(order));
-    CHUNKWISE_MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-    CHUNKWISE_MPI_TRY(MPI_Comm_rank(comm, &rank_));
-    CHUNKWISE_MPI_TRY(MPI_Comm_size(comm, &size_));
+    CHUNKWISE_MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "mpi_comm");
+    CHUNKWISE_MPI_TRY(MPI_Comm_rank(comm, &rank_), "mpi_comm");
+    CHUNKWISE_MPI_TRY(MPI_Comm_size(comm, &size_), "mpi_comm");
   }
 
   /// Completes what is in flight (issue order), then posts a new operation with `start`.

@@ -21,7 +21,7 @@
 // Ranks that call different operations at the same point (kind, dtype, element count, reduce op or root differ)
 // also fail the group, with a message that shows both calls.
 //
-// Tests switch on faults through a thread_fault_injector given to the world: a rank's worker sleeps before arriving
+// Tests switch on faults through a testing::thread_fault_injector given to the world: a rank's worker sleeps before arriving
 // at a chosen operation (a stall), or stops arriving from a chosen operation on (a rank that died). A stall shorter
 // than the timeout changes nothing but the time; a longer one, or a stop, fails the operation with comm_error on every
 // rank, naming the late rank, before any rank touched an output buffer. Without an injector the cost is one
@@ -29,6 +29,8 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/worker_threads.hpp>
+#include <chunkwise/testing/thread_comm_faults.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -48,131 +50,7 @@
 
 namespace chunkwise::inline CHUNKWISE_ABI {
 
-/// Faults for a thread_world's ranks (tests). Thread-safe: every rank's worker consults it before each operation.
-///
-///   auto faults = std::make_shared<chunkwise::thread_fault_injector>();
-///   faults->stall(2, 1, std::chrono::milliseconds(300));  // rank 2 sleeps 300 ms before its first operation
-///   chunkwise::thread_world world(4, std::chrono::milliseconds(100), faults);
-class thread_fault_injector {
- public:
-  /// Rank `rank` of the groups named `group` (the world is "world", the parts of its split by color c "world/c";
-  /// empty: every group) sleeps `delay` before arriving at its operation number `operation` (from 1, per group).
-  void stall(int rank, std::uint64_t operation, std::chrono::milliseconds delay, std::string group = "world") {
-    std::lock_guard lock(mutex_);
-    rules_.push_back(rule{rank, operation, delay, false, std::move(group)});
-  }
-  /// Rank `rank` stops at its operation number `operation` of the groups named `group`: from then on it never
-  /// arrives there, as a rank that died; its own requests fail with comm_error at once, its peers' at the timeout.
-  void stop(int rank, std::uint64_t operation, std::string group = "world") {
-    std::lock_guard lock(mutex_);
-    rules_.push_back(rule{rank, operation, std::chrono::milliseconds{0}, true, std::move(group)});
-  }
-  void clear() {
-    std::lock_guard lock(mutex_);
-    rules_.clear();
-  }
-
-  struct action {
-    std::chrono::milliseconds stall{0};
-    bool stop = false;
-  };
-  /// What rank `rank` of group `group` meets before its operation number `operation`.
-  [[nodiscard]] action before(const std::string& group, int rank, std::uint64_t operation) const {
-    std::lock_guard lock(mutex_);
-    action result;
-    for (const rule& r : rules_) {
-      if (r.rank != rank || (!r.group.empty() && r.group != group)) continue;
-      if (r.stop && operation >= r.operation) result.stop = true;
-      if (!r.stop && operation == r.operation) result.stall += r.delay;
-    }
-    return result;
-  }
-
- private:
-  struct rule {
-    int rank;
-    std::uint64_t operation;
-    std::chrono::milliseconds delay;
-    bool stop;
-    std::string group;
-  };
-  mutable std::mutex mutex_;
-  std::vector<rule> rules_;
-};
-
 namespace detail {
-
-/// One thread per rank that runs the rank's operations, in the order the rank issued them.
-class rank_worker {
- public:
-  rank_worker() : thread_([this] { run(); }) {}
-  rank_worker(const rank_worker&) = delete;
-  rank_worker& operator=(const rank_worker&) = delete;
-  ~rank_worker() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    ready_.notify_one();
-    thread_.join();  // runs what is queued first: every queued operation ends (completes, fails or times out)
-  }
-
-  std::future<void> submit(std::packaged_task<void()> task) {
-    std::future<void> done = task.get_future();
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(task));
-    }
-    ready_.notify_one();
-    return done;
-  }
-
-  /// Runs `task` on the calling thread when nothing is queued or running (so issue order holds): an operation that
-  /// waits for no peer (a one-rank group) then costs no thread hand-off. Otherwise queues it as submit() does.
-  std::future<void> run_now_or_submit(std::packaged_task<void()> task) {
-    {
-      std::unique_lock lock(mutex_);
-      if (!queue_.empty() || running_) {
-        lock.unlock();
-        return submit(std::move(task));
-      }
-      running_ = true;
-    }
-    std::future<void> done = task.get_future();
-    task();
-    {
-      std::lock_guard lock(mutex_);
-      running_ = false;
-    }
-    ready_.notify_one();
-    return done;
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::packaged_task<void()> task;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = true;
-      }
-      task();  // exceptions land in the task's future
-      std::lock_guard lock(mutex_);
-      running_ = false;
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::packaged_task<void()>> queue_;
-  bool running_ = false;  // a task runs (on the worker, or inline on the issuing thread)
-  bool stopping_ = false;
-  std::thread thread_;  // last: starts after the queue exists
-};
 
 enum class op_kind : std::uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier, split };
 
@@ -212,14 +90,14 @@ struct op_slot {
 class thread_group {
  public:
   thread_group(int ranks, std::chrono::milliseconds timeout, std::string name,
-               std::shared_ptr<thread_fault_injector> faults = nullptr)
+               std::shared_ptr<testing::thread_fault_injector> faults = nullptr)
       : ranks_(ranks), timeout_(timeout), name_(std::move(name)), faults_(std::move(faults)), arrived_(ranks, 0),
         slots_(ranks), operations_(ranks, 0), created_(ranks) {}
 
   [[nodiscard]] int size() const noexcept { return ranks_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
-  [[nodiscard]] const std::shared_ptr<thread_fault_injector>& faults() const noexcept { return faults_; }
+  [[nodiscard]] const std::shared_ptr<testing::thread_fault_injector>& faults() const noexcept { return faults_; }
 
   /// What a running operation sees once every rank has published its slot.
   class view {
@@ -298,7 +176,7 @@ class thread_group {
 
   // Before arriving: a stall sleeps, a stop throws from this rank's worker without arriving (its peers time out).
   void inject_fault(int rank, const op_slot& mine, std::uint64_t number) const {
-    const thread_fault_injector::action fault = faults_->before(name_, rank, number);
+    const testing::thread_fault_injector::action fault = faults_->before(name_, rank, number);
     if (fault.stall.count() > 0) std::this_thread::sleep_for(fault.stall);
     if (fault.stop)
       throw error(error_code::comm_error, "thread_comm '" + name_ + "': rank " + std::to_string(rank) +
@@ -345,7 +223,7 @@ class thread_group {
   const int ranks_;
   const std::chrono::milliseconds timeout_;
   const std::string name_;
-  const std::shared_ptr<thread_fault_injector> faults_;  // null: no faults (tests only)
+  const std::shared_ptr<testing::thread_fault_injector> faults_;  // null: no faults (tests only)
   std::mutex mutex_;
   std::condition_variable ready_;
   std::vector<std::uint64_t> arrived_;     // rendezvous each rank has reached (guarded by mutex_)
@@ -488,7 +366,7 @@ class thread_comm {
 
  private:
   friend class thread_world;
-  thread_comm(std::shared_ptr<detail::thread_group> group, int rank, std::shared_ptr<detail::rank_worker> worker)
+  thread_comm(std::shared_ptr<detail::thread_group> group, int rank, std::shared_ptr<worker_threads> worker)
       : group_(std::move(group)), rank_(rank), worker_(std::move(worker)) {}
 
   template <class Body>
@@ -513,7 +391,7 @@ class thread_comm {
 
   std::shared_ptr<detail::thread_group> group_;
   int rank_ = 0;
-  std::shared_ptr<detail::rank_worker> worker_;
+  std::shared_ptr<worker_threads> worker_;
 };
 
 /// The shared object that creates the N communicators of one in-process world.
@@ -523,7 +401,7 @@ class thread_world {
 
   /// `faults` (tests): stalls and stops of ranks, in this world and in every communicator split from it.
   explicit thread_world(int ranks, std::chrono::milliseconds timeout = default_timeout,
-                        std::shared_ptr<thread_fault_injector> faults = nullptr) {
+                        std::shared_ptr<testing::thread_fault_injector> faults = nullptr) {
     if (ranks < 1)
       detail::raise(error_code::invalid_argument,
                     "thread_world of " + std::to_string(ranks) + " ranks: a world has at least 1 rank");
@@ -531,7 +409,7 @@ class thread_world {
       detail::raise(error_code::invalid_argument, "thread_world timeout of " + std::to_string(timeout.count()) +
                                                       " ms: give a positive time to wait for a peer");
     group_ = std::make_shared<detail::thread_group>(ranks, timeout, "world", std::move(faults));
-    for (int r = 0; r < ranks; ++r) workers_.push_back(std::make_shared<detail::rank_worker>());
+    for (int r = 0; r < ranks; ++r) workers_.push_back(std::make_shared<worker_threads>(1));
   }
 
   [[nodiscard]] int size() const noexcept { return group_->size(); }
@@ -546,7 +424,7 @@ class thread_world {
 
  private:
   std::shared_ptr<detail::thread_group> group_;
-  std::vector<std::shared_ptr<detail::rank_worker>> workers_;
+  std::vector<std::shared_ptr<worker_threads>> workers_;
 };
 
 static_assert(communicator<thread_comm>);

@@ -11,7 +11,7 @@
 // units with and without them and pass chunkwise types between them, so they are not keyed.
 // A header whose definition comes to depend on a component adds the component here.
 
-#if defined(CHUNKWISE_HAS_URING)
+#if CHUNKWISE_HAS_URING
 #define CHUNKWISE_ABI abi1_uring1
 #else
 #define CHUNKWISE_ABI abi1_uring0

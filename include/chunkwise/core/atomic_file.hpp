@@ -2,7 +2,9 @@
 // Files that are either the old version or the new one, never half of each: write a temporary file beside the
 // target, fsync it, rename it over the target, fsync the directory. Whatever fails, the target keeps its old
 // contents and the temporary file is removed.
+#include <chunkwise/core/checked_call.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/testing/atomic_write_faults.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -18,22 +20,15 @@
 
 namespace chunkwise::inline CHUNKWISE_ABI {
 
-/// Faults for write_file_atomically (tests): each replaces a system call's outcome with a failure. 0: no fault.
-struct atomic_write_faults {
-  std::size_t write_fails_after = static_cast<std::size_t>(-1);  // bytes written before write() fails
-  int write_error = ENOSPC;                                     // errno of that failure
-  int fsync_error = 0;                                          // fsync of the temporary file fails with it
-  int rename_error = 0;                                         // rename over the target fails with it
-};
-
 namespace detail {
+/// "<call> '<path>' failed: <errno text> (<ENAME>, errno N)"
 [[noreturn]] inline void raise_io(const std::string& call, const std::filesystem::path& path, int error_number) {
-  raise(error_code::io_error, call + " '" + path.string() + "' failed: " + std::strerror(error_number));
+  throw_posix_failure(call + " '" + path.string() + "'", error_number, {});
 }
 }  // namespace detail
 
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view contents,
-                                  const atomic_write_faults* faults = nullptr) {
+                                  const testing::atomic_write_faults* faults = nullptr) {
   const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   if (!std::filesystem::is_directory(directory))
     detail::raise(error_code::io_error, "cannot write '" + path.string() + "': directory '" + directory.string() +

@@ -1,5 +1,7 @@
 #pragma once
 // Byte counts: one unsigned 64-bit type, binary-unit literals (64_MiB) and human formatting ("1.50 GiB").
+#include <chunkwise/core/abi.hpp>
+
 #include <cstdint>
 #include <cstdio>
 #include <string>

@@ -9,7 +9,7 @@
 // waste grows with S, so the optimum is the smallest capacity of some run. We walk those run starts from lo upwards:
 // from the start of a run with k chunks, an exponential search from the expected next level (about S / k further)
 // and a bisection find the smallest capacity that needs at most k - 1 chunks (the predicate is monotone).
-// Cost: O(levels * n * log(S / (k * step))), levels <= k(lo) - k(hi); next-fit runs over a dense array of aligned
+// Cost: O(levels * n * log(S / (k * granule))), levels <= k(lo) - k(hi); next-fit runs over a dense array of aligned
 // sizes, with no division in its loop. Ties go to the smaller capacity (finer-grained prefetch and eviction).
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
@@ -27,7 +27,7 @@ namespace chunkwise::inline CHUNKWISE_ABI::layout {
 struct chunk_size_search {
   byte_count lowest = 0;   // first candidate capacity
   byte_count highest = 0;  // last candidate capacity
-  byte_count step = 0;     // candidates are lowest + j * step
+  byte_count granule = 0;  // candidates are lowest + j * granule (ranks * alignment)
   byte_count best = 0;     // the chosen capacity
   std::uint64_t chunk_count = 0;
   byte_count waste = 0;
@@ -43,32 +43,32 @@ constexpr chunk_size_search min_waste_range(const model_profile& model, const la
                              "min_waste: search range " + format_bytes(search_range) + " and minimum chunk " +
                                  format_bytes(min_chunk) + " must each be at most " +
                                  format_bytes(max_profile_bytes));
-  const byte_count step = options.granule();
+  const byte_count granule = options.granule();
   const byte_count largest = model.largest_tensor_bytes();
-  const byte_count lowest = round_up(largest > min_chunk ? largest : min_chunk, step);
-  byte_count highest = lowest + search_range / step * step;
+  const byte_count lowest = round_up(largest > min_chunk ? largest : min_chunk, granule);
+  byte_count highest = lowest + search_range / granule * granule;
   if (max_chunk != 0) {
     if (largest > max_chunk)
       detail::require_fits(model, max_chunk, "min_waste (max chunk " + format_bytes(max_chunk) + ")");
-    const byte_count cap = max_chunk / step * step;
+    const byte_count cap = max_chunk / granule * granule;
     if (cap < lowest)
       chunkwise::detail::raise(error_code::layout_error,
                                "min_waste: the smallest admissible chunk is " + format_bytes(lowest) +
-                                   " (largest tensor or minimum chunk, rounded to " + std::to_string(step) +
+                                   " (largest tensor or minimum chunk, rounded to " + std::to_string(granule) +
                                    " bytes for " + std::to_string(options.ranks) + " ranks) but the maximum is " +
                                    format_bytes(max_chunk) + "; raise the maximum to at least " +
                                    format_bytes(lowest));
     highest = highest < cap ? highest : cap;
   }
-  return chunk_size_search{lowest, highest, step, 0, 0, 0};
+  return chunk_size_search{lowest, highest, granule, 0, 0, 0};
 }
 
 /// The exact minimum-waste capacity over the range (see the header comment for the algorithm).
 constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
                                              chunk_size_search range) {
   const byte_count tensor_bytes = model.tensor_bytes();
-  const std::uint64_t points = (range.highest - range.lowest) / range.step;  // grid indices 0..points
-  const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.step; };
+  const std::uint64_t points = (range.highest - range.lowest) / range.granule;  // grid indices 0..points
+  const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.granule; };
 
   const auto extents = detail::extents_of(model, options.alignment);
   const auto chunks_at = [&](std::uint64_t j, std::uint64_t limit = detail::too_many) {
@@ -85,7 +85,7 @@ constexpr chunk_size_search search_min_waste(const model_profile& model, const l
     // (one chunk's worth spread over the others): probe there, double the stride until a probe needs fewer
     // chunks, then bisect the last stride. Invariant: index `low` needs k or more chunks, `high` fewer.
     const auto fewer = [&](std::uint64_t index) { return chunks_at(index, k - 1) <= k - 1; };
-    const std::uint64_t guess = capacity_at(j) / k / range.step;
+    const std::uint64_t guess = capacity_at(j) / k / range.granule;
     std::uint64_t low = j, high = 0, stride = guess < 1 ? 1 : guess;
     bool found = false;
     for (;;) {
@@ -115,6 +115,13 @@ constexpr chunk_size_search search_min_waste(const model_profile& model, const l
     }
   }
   return range;
+}
+
+/// The chunk map at the minimum-waste capacity of `range` (from min_waste_range): min_waste's build over a range of
+/// the caller's choice (the planner tries several).
+constexpr chunk_map build_min_waste(const model_profile& model, const layout_options& options,
+                                    const chunk_size_search& range) {
+  return detail::pack(model, search_min_waste(model, options, range).best, options);
 }
 
 template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 0>

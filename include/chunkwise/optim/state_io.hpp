@@ -1,21 +1,19 @@
 #pragma once
-// Optimizer state save and load for checkpoints: one chunk's fp32 master weights and moments in a small binary
-// format. The 16-bit working copy is not saved: it is a rounding of the master weights.
+// Optimizer state save and load for checkpoints: one chunk's fp32 master weights and moments, as a file of
+// chunkwise's checkpoint format (core/checkpoint_format.hpp) of kind "optstate". The 16-bit working copy is not
+// saved: it is a rounding of the master weights.
 //
-// Layout (little-endian, as the host writes it; 64-byte header, then the arrays back to back):
+// Identity (24 bytes, after the format's 64-byte prefix; little-endian):
 //   offset  bytes  field
-//        0      8  magic "CWOPTST\0"
-//        8      4  version (1)
-//       12      4  header bytes (64)
-//       16      8  element count
-//       24      8  step (optimizer updates taken)
-//       32      1  dtype of the arrays (fp32)
-//       33      1  array count: master + state arrays (Adam 3, SGD with momentum 2, plain SGD 1)
-//       34      1  optimizer kind (optimizer_kind)
-//       35      5  zero
-//       40      8  checksum: FNV-1a 64 over 8-byte words of the header (this field zero) and then the arrays
-//       48     16  zero
-//       64      .  master[count], moment1[count] (if present), moment2[count] (if present), fp32 each
+//        0      8  element count of each array
+//        8      8  step (optimizer updates taken)
+//       16      1  dtype of the arrays (fp32)
+//       17      1  array count: master + state arrays (Adam 3, SGD with momentum 2, plain SGD 1)
+//       18      1  optimizer kind (optimizer_kind)
+//       19      5  zero
+// Pieces: master[count], then moment1[count] and moment2[count] where the kind keeps them, fp32 each, each with its
+// own CRC-32C. A file is 64 + 24 + 16 * arrays header bytes, then 4 * count * arrays bytes (state_file_bytes).
+#include <chunkwise/core/checkpoint_format.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/optim/concepts.hpp>
@@ -49,57 +47,33 @@ constexpr std::size_t state_arrays_of(optimizer_kind kind) noexcept {
   return kind == optimizer_kind::adam ? 2 : kind == optimizer_kind::sgd_momentum ? 1 : 0;
 }
 
+/// The kind tag of an optimizer state file in chunkwise's checkpoint format.
+inline constexpr checkpoint_kind state_file_kind{"optstate", "an optimizer state", "optimizer state"};
+
 namespace detail {
 
-inline constexpr std::array<char, 8> state_magic = {'C', 'W', 'O', 'P', 'T', 'S', 'T', '\0'};
-inline constexpr std::uint32_t state_version = 1;
-inline constexpr std::uint32_t state_header_bytes = 64;
+inline constexpr std::size_t state_identity_bytes = 24;
 
-/// FNV-1a over 64-bit words (bytes of a partial last word are zero-padded): fast enough to stream at memory speed.
-class state_checksum {
- public:
-  void add(const void* data, std::size_t bytes) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (; bytes >= 8; bytes -= 8, p += 8) {
-      std::uint64_t word;
-      std::memcpy(&word, p, 8);
-      mix(word);
-    }
-    if (bytes > 0) {
-      std::uint64_t word = 0;
-      std::memcpy(&word, p, bytes);
-      mix(word);
-    }
-  }
-  [[nodiscard]] std::uint64_t value() const noexcept { return hash_; }
+}  // namespace detail
 
- private:
-  void mix(std::uint64_t word) noexcept { hash_ = (hash_ ^ word) * 0x100000001b3ull; }
-  std::uint64_t hash_ = 0xcbf29ce484222325ull;
-};
-
-struct state_header {
-  std::uint64_t count = 0, step = 0, checksum = 0;
-  std::uint8_t type = 0, arrays = 0, kind = 0;
-};
-
-inline std::array<unsigned char, state_header_bytes> encode(const state_header& h) noexcept {
-  std::array<unsigned char, state_header_bytes> bytes{};
-  std::memcpy(bytes.data(), state_magic.data(), 8);
-  std::memcpy(bytes.data() + 8, &state_version, 4);
-  std::memcpy(bytes.data() + 12, &state_header_bytes, 4);
-  std::memcpy(bytes.data() + 16, &h.count, 8);
-  std::memcpy(bytes.data() + 24, &h.step, 8);
-  bytes[32] = h.type;
-  bytes[33] = h.arrays;
-  bytes[34] = h.kind;
-  std::memcpy(bytes.data() + 40, &h.checksum, 8);
-  return bytes;
+/// Bytes of the file save_state writes for a chunk of `count` elements.
+constexpr std::uint64_t state_file_bytes(std::uint64_t count, optimizer_kind kind) noexcept {
+  const std::uint64_t arrays = 1 + state_arrays_of(kind);
+  return checkpoint_header_bytes(detail::state_identity_bytes, arrays) + arrays * count * sizeof(float);
 }
+
+namespace detail {
 
 inline std::array<const float*, 3> state_arrays_in(const chunk_arrays& chunk, optimizer_kind kind) noexcept {
   return {chunk.master, state_arrays_of(kind) >= 1 ? chunk.moment1 : nullptr,
           state_arrays_of(kind) >= 2 ? chunk.moment2 : nullptr};
+}
+
+/// What piece `a` of a state holds, for messages.
+inline std::string_view state_array_name(optimizer_kind kind, std::size_t a) noexcept {
+  if (a == 0) return "master weights";
+  if (kind == optimizer_kind::sgd_momentum) return "momentum";
+  return a == 1 ? "first moment" : "second moment";
 }
 
 inline void check_arrays(const chunk_arrays& chunk, optimizer_kind kind, const char* what) {
@@ -111,103 +85,96 @@ inline void check_arrays(const chunk_arrays& chunk, optimizer_kind kind, const c
                                                   " moment array(s), and the chunk lacks one");
 }
 
+inline checkpoint_format_writer state_writer(const chunk_arrays& chunk, optimizer_kind kind, std::uint64_t step) {
+  const std::size_t arrays = 1 + state_arrays_of(kind);
+  checkpoint_fields identity;
+  identity.put(static_cast<std::uint64_t>(chunk.count))
+      .put(step)
+      .put(static_cast<std::uint8_t>(dtype::fp32))
+      .put(static_cast<std::uint8_t>(arrays))
+      .put(static_cast<std::uint8_t>(kind));
+  for (int zero = 0; zero < 5; ++zero) identity.put(std::uint8_t{0});
+  checkpoint_format_writer writer(state_file_kind, std::move(identity).bytes());
+  const auto data = state_arrays_in(chunk, kind);
+  for (std::size_t a = 0; a < arrays; ++a) writer.add_piece(data[a], chunk.count * sizeof(float));
+  return writer;
+}
+
+/// The message of `e` without the "chunkwise: " every error's what() starts with, to wrap it in more context.
+inline std::string message_without_prefix(const error& e) {
+  constexpr std::string_view prefix = "chunkwise: ";
+  std::string_view text = e.what();
+  if (text.substr(0, prefix.size()) == prefix) text.remove_prefix(prefix.size());
+  return std::string(text);
+}
+
 }  // namespace detail
 
 /// Writes one chunk's state. Throws io_error when the stream fails.
 inline void save_state(std::ostream& out, const chunk_arrays& chunk, optimizer_kind kind, std::uint64_t step) {
   detail::check_arrays(chunk, kind, "save_state");
-  const std::size_t arrays = 1 + state_arrays_of(kind);
-  detail::state_header header{chunk.count, step, 0, static_cast<std::uint8_t>(dtype::fp32),
-                              static_cast<std::uint8_t>(arrays), static_cast<std::uint8_t>(kind)};
-  detail::state_checksum checksum;
-  const auto unsummed = detail::encode(header);
-  checksum.add(unsummed.data(), unsummed.size());
-  const auto data = detail::state_arrays_in(chunk, kind);
-  for (std::size_t a = 0; a < arrays; ++a) checksum.add(data[a], chunk.count * sizeof(float));
-  header.checksum = checksum.value();
-  const auto bytes = detail::encode(header);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  for (std::size_t a = 0; a < arrays; ++a)
-    out.write(reinterpret_cast<const char*>(data[a]), static_cast<std::streamsize>(chunk.count * sizeof(float)));
-  out.flush();
-  if (!out)
-    throw error(error_code::io_error, "save_state: writing " + std::to_string(64 + arrays * chunk.count * 4) +
-                                          " bytes of optimizer state failed");
+  detail::state_writer(chunk, kind, step).write(out, "save_state: ");
 }
 
 /// Reads a state written by save_state into `chunk` (same element count and optimizer kind) and returns its step.
-/// Every header field and the checksum are validated; errors say which. On a checksum error the chunk's arrays
-/// have already been overwritten with the (corrupt) file contents: reload from a good checkpoint.
+/// The header, the identity's fields and each array's checksum are validated; errors say which. When an array
+/// fails its checksum (or the input ends inside it) the chunk's arrays have already been overwritten with what was
+/// read: reload from a good checkpoint.
 inline std::uint64_t load_state(std::istream& in, const chunk_arrays& chunk, optimizer_kind kind) {
   detail::check_arrays(chunk, kind, "load_state");
-  const auto fail = [](const std::string& what) { throw error(error_code::parse_error, "load_state: " + what); };
-  std::array<unsigned char, detail::state_header_bytes> bytes{};
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (in.gcount() != static_cast<std::streamsize>(bytes.size()))
-    fail("the input ends after " + std::to_string(in.gcount()) + " bytes, inside the 64-byte header");
-  if (std::memcmp(bytes.data(), detail::state_magic.data(), 8) != 0)
-    fail("not a chunkwise optimizer state (magic is not \"CWOPTST\")");
-  std::uint32_t version = 0, header_bytes = 0;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&header_bytes, bytes.data() + 12, 4);
-  if (version != detail::state_version)
-    fail("version " + std::to_string(version) + " is not supported; this build reads version " +
-         std::to_string(detail::state_version));
-  if (header_bytes != detail::state_header_bytes) fail("header size " + std::to_string(header_bytes) + " != 64");
-  detail::state_header header;
-  std::memcpy(&header.count, bytes.data() + 16, 8);
-  std::memcpy(&header.step, bytes.data() + 24, 8);
-  header.type = bytes[32];
-  header.arrays = bytes[33];
-  header.kind = bytes[34];
-  std::memcpy(&header.checksum, bytes.data() + 40, 8);
-  if (header.kind != static_cast<std::uint8_t>(kind))
-    fail("the file holds optimizer kind " + std::to_string(header.kind) + ", the chunk expects " +
-         std::string(to_string(kind)) + " (" + std::to_string(static_cast<int>(kind)) + ")");
-  if (header.type != static_cast<std::uint8_t>(dtype::fp32)) fail("arrays are not fp32 (dtype " + std::to_string(header.type) + ")");
+  checkpoint_format_reader file(in, state_file_kind, "load_state: ");
+  checkpoint_field_reader fields(file);
+  const auto count = fields.take<std::uint64_t>();
+  const auto step = fields.take<std::uint64_t>();
+  const auto type = fields.take<std::uint8_t>();
+  const auto arrays_held = fields.take<std::uint8_t>();
+  const auto kind_held = fields.take<std::uint8_t>();
+  bool reserved_zero = true;
+  for (int b = 0; b < 5; ++b) reserved_zero = fields.take<std::uint8_t>() == 0 && reserved_zero;
+  fields.finish();
+  if (kind_held != static_cast<std::uint8_t>(kind))
+    file.refuse("the file holds optimizer kind " + std::to_string(kind_held) + " (" +
+                std::string(to_string(static_cast<optimizer_kind>(kind_held))) + "), the chunk expects " +
+                std::string(to_string(kind)) + " (" + std::to_string(static_cast<int>(kind)) + ")");
+  if (type != static_cast<std::uint8_t>(dtype::fp32))
+    file.refuse("arrays are not fp32 (dtype " + std::to_string(type) + ")");
   const std::size_t arrays = 1 + state_arrays_of(kind);
-  if (header.arrays != arrays)
-    fail("the file holds " + std::to_string(header.arrays) + " arrays, " + std::string(to_string(kind)) + " has " +
-         std::to_string(arrays));
-  if (header.count != chunk.count)
-    fail("the file holds " + std::to_string(header.count) + " elements per array, the chunk has " +
-         std::to_string(chunk.count));
-  for (std::size_t b = 35; b < 40; ++b)
-    if (bytes[b] != 0) fail("reserved header bytes are not zero");
-  for (std::size_t b = 48; b < 64; ++b)
-    if (bytes[b] != 0) fail("reserved header bytes are not zero");
+  if (arrays_held != arrays)
+    file.refuse("the file holds " + std::to_string(arrays_held) + " arrays, " + std::string(to_string(kind)) +
+                " has " + std::to_string(arrays));
+  if (count != chunk.count)
+    file.refuse("the file holds " + std::to_string(count) + " elements per array, the chunk has " +
+                std::to_string(chunk.count));
+  if (!reserved_zero) file.refuse("reserved identity bytes are not zero");
+  const std::uint64_t array_bytes = count * sizeof(float);
+  if (file.pieces().size() != arrays)
+    file.corrupted("its identity says " + std::to_string(arrays) + " arrays, its piece table holds " +
+                   std::to_string(file.pieces().size()));
+  for (std::size_t a = 0; a < arrays; ++a)
+    if (file.pieces()[a].bytes != array_bytes)
+      file.corrupted("piece " + std::to_string(a) + " has " + std::to_string(file.pieces()[a].bytes) +
+                     " bytes, its identity says " + std::to_string(array_bytes));
 
-  detail::state_checksum checksum;
-  const std::uint64_t stored = header.checksum;
-  header.checksum = 0;
-  const auto unsummed = detail::encode(header);
-  checksum.add(unsummed.data(), unsummed.size());
   const auto data = detail::state_arrays_in(chunk, kind);
-  const std::size_t array_bytes = chunk.count * sizeof(float);
-  for (std::size_t a = 0; a < arrays; ++a) {
-    auto* target = const_cast<float*>(data[a]);
-    in.read(reinterpret_cast<char*>(target), static_cast<std::streamsize>(array_bytes));
-    if (static_cast<std::size_t>(in.gcount()) != array_bytes)
-      fail("the input is truncated: array " + std::to_string(a) + " has " + std::to_string(in.gcount()) + " of " +
-           std::to_string(array_bytes) + " bytes");
-    checksum.add(target, array_bytes);
+  try {
+    for (std::size_t a = 0; a < arrays; ++a)
+      file.read_piece(a, const_cast<float*>(data[a]), detail::state_array_name(kind, a));
+  } catch (const error& e) {
+    throw error(e.code(), detail::message_without_prefix(e) +
+                              "; the file is corrupt or cut short, and the chunk now holds what was read of it: "
+                              "reload it from a good checkpoint");
   }
-  if (checksum.value() != stored)
-    fail("checksum mismatch (stored " + std::to_string(stored) + ", computed " + std::to_string(checksum.value()) +
-         "): the file is corrupt and the chunk now holds its damaged contents");
-  return header.step;
+  return step;
 }
 
+/// Writes one chunk's state to `file` atomically: the file holds its old contents or all of the new, whatever fails.
 inline void save_state(const std::filesystem::path& file, const chunk_arrays& chunk, optimizer_kind kind,
-                       std::uint64_t step) {
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  if (!out)
-    throw error(error_code::io_error, "save_state: cannot open '" + file.string() + "' for writing: " +
-                                          std::strerror(errno));
+                       std::uint64_t step, const testing::atomic_write_faults* faults = nullptr) {
+  detail::check_arrays(chunk, kind, "save_state");
   try {
-    save_state(out, chunk, kind, step);
+    detail::state_writer(chunk, kind, step).write_atomically(file, faults);
   } catch (const error& e) {
-    throw error(e.code(), std::string(e.what()) + " (file '" + file.string() + "')");
+    throw error(e.code(), "save_state: " + detail::message_without_prefix(e));
   }
 }
 
@@ -218,7 +185,7 @@ inline std::uint64_t load_state(const std::filesystem::path& file, const chunk_a
   try {
     return load_state(in, chunk, kind);
   } catch (const error& e) {
-    throw error(e.code(), std::string(e.what()) + " (file '" + file.string() + "')");
+    throw error(e.code(), detail::message_without_prefix(e) + " (file '" + file.string() + "')");
   }
 }
 

@@ -10,7 +10,7 @@
 // resident chunks off the device. Streamed chunks keep gradients and states in their home.
 //
 // Memory. device = Placement::device_bytes(cp, n, b) + gathered chunks (Collective::working_bytes(parameter) per chunk
-// of the widest step, plus one prefetched) + 2 full-chunk gradient buffers + (R - Roff)(cg + co) + peak activations.
+// of the widest pass, plus one prefetched) + 2 full-chunk gradient buffers + (R - Roff)(cg + co) + peak activations.
 // host = ranks * (Placement::host_bytes + (S + Roff)(cg + co) of the states kept in host memory);
 // nvme = ranks * (Placement::nvme_bytes + states kept on NVMe).
 //
@@ -116,7 +116,7 @@ constexpr memory_use predict_memory(const machine_profile& machine,
 
   memory_use m;
   m.device_parameters = placement::device_bytes(s.parameter, n, b);
-  m.device_working = s.gather_working * (trace.widest_step + 1) + 2 * s.gradient_working;
+  m.device_working = s.gather_working * (trace.widest_pass + 1) + 2 * s.gradient_working;
   m.device_optimizer = (resident - offloaded) * (s.gradient + s.state);
   m.device_activations = s.activation_bytes;
   m.device = m.device_parameters + m.device_working + m.device_optimizer + m.device_activations;

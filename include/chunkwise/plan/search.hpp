@@ -11,7 +11,7 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/plan/cost_model.hpp>
 #include <chunkwise/plan/detail/chunk_trace.hpp>
-#include <chunkwise/plan/detail/layout_candidates.hpp>
+#include <chunkwise/plan/layout_candidates.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/plan/prediction.hpp>
 #include <chunkwise/profile/machine_profile.hpp>
@@ -76,7 +76,7 @@ constexpr std::vector<layout_candidate> build_candidates(const model_profile& mo
   using candidates = layout_candidates<Layout>;
   std::vector<layout_candidate> built;
   for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
-    if (!candidates::fits(model, options, candidate)) continue;
+    if (!candidates::can_pack(model, options, candidate)) continue;
     const chunk_map map = candidates::build(model, options, candidate);
     built.push_back({map.summary(), trace_chunks(model, map)});
   }
@@ -106,20 +106,20 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
     const detail::chunk_shares shares = detail::shares_of<collective>(model, summary, ranks);
     const std::uint64_t n = summary.chunk_count;
 
-    // Fewest blocks the placement can stream with: every chunk for resident; else the widest step's chunks
+    // Fewest blocks the placement can stream with: every chunk for resident; else the widest pass's chunks
     // (a split placement also needs its stream blocks).
     std::uint64_t fewest_blocks = n;
     if constexpr (placement::uses_device_cache) {
-      fewest_blocks = std::max<std::uint64_t>(trace.widest_step, 1);
+      fewest_blocks = std::max<std::uint64_t>(trace.widest_pass, 1);
       if constexpr (requires { placement::stream_blocks; })
         fewest_blocks = std::max<std::uint64_t>(fewest_blocks, placement::stream_blocks);
       fewest_blocks = std::min(fewest_blocks, n);
     }
     const bool searched_fraction = execution::min_offload_fraction < execution::max_offload_fraction;
-    const int fraction_steps = searched_fraction ? 8 : 0;
-    for (int step = 0; step <= fraction_steps; ++step) {
+    const int fraction_points = searched_fraction ? 8 : 0;  // fractions 0, 1/8, ..., 1 when searched
+    for (int point = 0; point <= fraction_points; ++point) {
       const double fraction =
-          searched_fraction ? static_cast<double>(step) / fraction_steps : execution::min_offload_fraction;
+          searched_fraction ? static_cast<double>(point) / fraction_points : execution::min_offload_fraction;
       const auto offloaded_at = [&](std::uint64_t blocks) {
         const std::uint64_t resident =
             placement::resident_chunks(static_cast<std::size_t>(n), static_cast<std::size_t>(blocks));
@@ -152,10 +152,10 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
         const std::uint64_t resident = p.knobs.resident_chunks;
         const std::uint64_t fetches =
             resident == n ? 0 : detail::count_fetches(trace, static_cast<std::uint32_t>(resident), blocks - resident);
-        if (fetches == ~std::uint64_t{0}) {  // a step needs more streamed chunks than the blocks left for streaming
+        if (fetches == ~std::uint64_t{0}) {  // a pass needs more streamed chunks than the blocks left for streaming
           p.feasible = false;
           p.limit = plan_limit::device_memory;
-          p.needed = p.memory.device + (trace.widest_step - (blocks - resident)) * shares.parameter;
+          p.needed = p.memory.device + (trace.widest_pass - (blocks - resident)) * shares.parameter;
           p.available = machine.device_memory;
         } else {
           p.time = predict_time<Plan>(machine, shares, blocks, offloaded, fetches);

@@ -15,10 +15,10 @@
 //                                                           preatt and att are H*T*T per sequence)
 //   head:     B*T*(C + 2) + 2*B*T*V + B*T                   (lnf and its stats, logits, probs, losses)
 // With flash_attention the H*T*T score matrices are not kept (B*H*T softmax statistics are), as FlashAttention does.
-// With recompute (activation checkpointing per layer) a layer keeps only its input, B*T*C, and its backward step
+// With recompute (activation checkpointing per layer) a layer keeps only its input, B*T*C, and its backward pass
 // recomputes the layer first: it holds the layer's full activations again, and does the forward FLOPs once more.
-// A forward step holds everything saved so far. A backward step holds what is still saved plus the gradients of the
-// step's own activations (one layer's worth, or the head's logits gradient), the working set of llm.c's backward.
+// A forward pass holds everything saved so far. A backward pass holds what is still saved plus the gradients of the
+// pass's own activations (one layer's worth, or the head's logits gradient), the working set of llm.c's backward.
 // Times size_of(dtype) bytes.
 //
 // FLOPs (a multiply-add is two), forward, as llm.c counts them: per layer 2*B*T*12*C^2 for the four matrix products
@@ -117,7 +117,7 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count layer_acts =
       (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : 2 * b * h * t * t)) * element;
   const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
-  const byte_count recomputed = config.recompute ? layer_acts : 0;  // a layer's activations rebuilt in its step
+  const byte_count recomputed = config.recompute ? layer_acts : 0;  // a layer's activations rebuilt in its pass
   const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
   const byte_count head_grad_acts = b * t * v * element;  // dlogits
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
@@ -126,44 +126,44 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   model_profile model;
   model.name = config.name;
   model.tensors.reserve(2 + 12 * std::size_t{config.layers} + 2);
-  model.steps.reserve(2 * std::size_t{config.layers} + 4);
+  model.passes.reserve(2 * std::size_t{config.layers} + 4);
   auto add = [&](tensor_name name, std::uint64_t elements, bool tied = false) {
     model.tensors.push_back(tensor_spec{name, elements, config.type, tensor_role::parameter, tied});
     return static_cast<std::uint32_t>(model.tensors.size() - 1);
   };
   const std::uint32_t wte = add("wte", v * c, /*tied=*/true);
   const std::uint32_t wpe = add("wpe", t * c);
-  model.steps.push_back(profile_step{"embed", step_kind::forward, {wte, wpe}, embed_acts});
+  model.passes.push_back(profile_pass{"embed", pass_kind::forward, {wte, wpe}, embed_acts});
 
   constexpr std::array<std::string_view, 12> suffixes{
       "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
       "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
   const std::array<std::uint64_t, 12> sizes{c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * 4 * c, 4 * c, 4 * c * c, c};
-  std::vector<profile_step> backward;
+  std::vector<profile_pass> backward;
   for (std::uint32_t layer = 0; layer < config.layers; ++layer) {
-    profile_step step{detail::layer_tensor_name(layer, ""), step_kind::forward, {}, 0};
+    profile_pass pass{detail::layer_tensor_name(layer, ""), pass_kind::forward, {}, 0};
     for (std::size_t i = 0; i < suffixes.size(); ++i)
-      step.tensors.push_back(add(detail::layer_tensor_name(layer, suffixes[i]), sizes[i]));
-    step.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed;
-    step.flops = layer_flops;
-    model.steps.push_back(step);
+      pass.tensors.push_back(add(detail::layer_tensor_name(layer, suffixes[i]), sizes[i]));
+    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed;
+    pass.flops = layer_flops;
+    model.passes.push_back(pass);
   }
   const std::uint32_t ln_f_weight = add("ln_f.weight", c);
   const std::uint32_t ln_f_bias = add("ln_f.bias", c);
   const byte_count all_saved = embed_acts + config.layers * saved_per_layer + head_acts;
-  model.steps.push_back(profile_step{"head", step_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved, head_flops});
+  model.passes.push_back(profile_pass{"head", pass_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved, head_flops});
 
-  // Backward: head, layers in reverse, embedding. A step's saved activations are freed after it runs.
-  model.steps.push_back(
-      profile_step{"head", step_kind::backward, {ln_f_weight, ln_f_bias, wte}, all_saved + head_grad_acts, 2 * head_flops});
+  // Backward: head, layers in reverse, embedding. A pass's saved activations are freed after it runs.
+  model.passes.push_back(
+      profile_pass{"head", pass_kind::backward, {ln_f_weight, ln_f_bias, wte}, all_saved + head_grad_acts, 2 * head_flops});
   for (std::uint32_t layer = config.layers; layer-- > 0;) {
-    profile_step step = model.steps[1 + layer];
-    step.kind = step_kind::backward;
-    step.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed + layer_acts;
-    step.flops = (config.recompute ? 3 : 2) * layer_flops;
-    model.steps.push_back(step);
+    profile_pass pass = model.passes[1 + layer];
+    pass.kind = pass_kind::backward;
+    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed + layer_acts;
+    pass.flops = (config.recompute ? 3 : 2) * layer_flops;
+    model.passes.push_back(pass);
   }
-  model.steps.push_back(profile_step{"embed", step_kind::backward, {wte, wpe}, embed_acts + b * t * c * element});
+  model.passes.push_back(profile_pass{"embed", pass_kind::backward, {wte, wpe}, embed_acts + b * t * c * element});
   return model;
 }
 

@@ -2,10 +2,12 @@
 // model_profile <-> JSON. The format (version 1):
 //   { "format": "chunkwise.model_profile", "version": 1, "name": "gpt2-124m",
 //     "tensors": [ { "name": "wte", "elements": 38597376, "dtype": "fp32", "role": "parameter", "tied": true }, ... ],
-//     "steps":   [ { "label": "h.0", "kind": "forward", "tensors": [2, 3, ...], "activation_bytes": 123,
+//     "passes":  [ { "label": "h.0", "kind": "forward", "tensors": [2, 3, ...], "activation_bytes": 123,
 //                  "flops": 456 }, ... ] }
-// "role" defaults to "parameter", "tied" to false, a step's "flops" to 0 (unknown). Loading validates field types (errors name the field's path)
-// and then the profile itself (validate()).
+// A pass is one layer's forward or backward. "role" defaults to "parameter", "tied" to false, a pass's "flops" to 0
+// (unknown). Loading validates field types (errors name the field's path) and then the profile itself (validate()).
+// Files written before the rename name the array "steps"; the loader reads them too (errors then name the key the
+// file holds: "f.json.steps[2].tensors[0]"), and saving always writes "passes".
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/profile/detail/json_fields.hpp>
@@ -29,15 +31,15 @@ inline nlohmann::json to_json(const model_profile& model) {
                        {"dtype", std::string(to_string(t.type))},
                        {"role", std::string(to_string(t.role))},
                        {"tied", t.tied}});
-  nlohmann::json steps = nlohmann::json::array();
-  for (const auto& s : model.steps)
-    steps.push_back({{"label", s.label.str()},
+  nlohmann::json passes = nlohmann::json::array();
+  for (const auto& s : model.passes)
+    passes.push_back({{"label", s.label.str()},
                      {"kind", std::string(to_string(s.kind))},
                      {"tensors", s.tensors},
                      {"activation_bytes", s.activation_bytes},
                      {"flops", s.flops}});
   return {{"format", model_profile_format}, {"version", model_profile_version}, {"name", model.name.str()},
-          {"tensors", std::move(tensors)},  {"steps", std::move(steps)}};
+          {"tensors", std::move(tensors)},  {"passes", std::move(passes)}};
 }
 
 /// Reads a profile from parsed JSON; `path` names the document in error messages ("profile", a file name).
@@ -72,15 +74,20 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
     model.tensors.push_back(spec);
   }
 
-  const auto& steps = json_array(json_field(document, "steps", path), path + ".steps");
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const std::string at = path + ".steps[" + std::to_string(i) + "]";
-    const auto& entry = steps[i];
-    profile_step step;
-    step.label = json_name(json_field(entry, "label", at), at + ".label");
+  // "steps" is the key of files written before the rename; a document holding both is ambiguous.
+  const bool old_key = !document.contains("passes") && document.contains("steps");
+  if (document.contains("passes") && document.contains("steps"))
+    raise_field(path + ".steps", "found both \"passes\" and its old name \"steps\"; keep only \"passes\"");
+  const std::string passes_key = old_key ? "steps" : "passes";
+  const auto& passes = json_array(json_field(document, passes_key, path), path + "." + passes_key);
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    const std::string at = path + "." + passes_key + "[" + std::to_string(i) + "]";
+    const auto& entry = passes[i];
+    profile_pass pass;
+    pass.label = json_name(json_field(entry, "label", at), at + ".label");
     const std::string kind = json_string(json_field(entry, "kind", at), at + ".kind");
-    if (kind == "forward") step.kind = step_kind::forward;
-    else if (kind == "backward") step.kind = step_kind::backward;
+    if (kind == "forward") pass.kind = pass_kind::forward;
+    else if (kind == "backward") pass.kind = pass_kind::backward;
     else raise_field(at + ".kind", "expected \"forward\" or \"backward\", found \"" + kind + "\"");
     const auto& indices = json_array(json_field(entry, "tensors", at), at + ".tensors");
     for (std::size_t k = 0; k < indices.size(); ++k) {
@@ -89,11 +96,11 @@ inline model_profile model_profile_from_json(const nlohmann::json& document, con
       if (index >= model.tensors.size())
         raise_field(index_at, "tensor index " + std::to_string(index) + " is out of range; the profile has " +
                                   std::to_string(model.tensors.size()) + " tensors");
-      step.tensors.push_back(static_cast<std::uint32_t>(index));
+      pass.tensors.push_back(static_cast<std::uint32_t>(index));
     }
-    step.activation_bytes = json_unsigned(json_field(entry, "activation_bytes", at), at + ".activation_bytes");
-    if (entry.contains("flops")) step.flops = json_unsigned(entry["flops"], at + ".flops");
-    model.steps.push_back(std::move(step));
+    pass.activation_bytes = json_unsigned(json_field(entry, "activation_bytes", at), at + ".activation_bytes");
+    if (entry.contains("flops")) pass.flops = json_unsigned(entry["flops"], at + ".flops");
+    model.passes.push_back(std::move(pass));
   }
   validate(model);
   return model;

@@ -1,6 +1,6 @@
 #pragma once
 // model_profile: the byte-level facts about one training iteration that the layout, placement and cost model need.
-// Tensors are listed in first-use order; steps are one layer's forward or backward, in execution order.
+// Tensors are listed in first-use order; passes are one layer's forward or backward, in execution order.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/tensor_spec.hpp>
@@ -13,20 +13,20 @@
 
 namespace chunkwise::inline CHUNKWISE_ABI {
 
-enum class step_kind : std::uint8_t { forward, backward };
+enum class pass_kind : std::uint8_t { forward, backward };
 
-constexpr std::string_view to_string(step_kind kind) noexcept {
-  return kind == step_kind::forward ? "forward" : "backward";
+constexpr std::string_view to_string(pass_kind kind) noexcept {
+  return kind == pass_kind::forward ? "forward" : "backward";
 }
 
-struct profile_step {
-  tensor_name label;                   // "h.3", "embed", "head": the layer this step runs
-  step_kind kind = step_kind::forward;
-  std::vector<std::uint32_t> tensors;  // indices into model_profile::tensors that the step reads or writes
-  /// Activation bytes alive while the step runs: everything saved for backward so far plus the step's own working
+struct profile_pass {
+  tensor_name label;                   // "h.3", "embed", "head": the layer this pass runs
+  pass_kind kind = pass_kind::forward;
+  std::vector<std::uint32_t> tensors;  // indices into model_profile::tensors that the pass reads or writes
+  /// Activation bytes alive while the pass runs: everything saved for backward so far plus the pass's own working
   /// set (bytes per rank, one micro-batch).
   byte_count activation_bytes = 0;
-  /// Floating-point operations the step performs (multiply-adds count two), for the cost model's compute time.
+  /// Floating-point operations the pass performs (multiply-adds count two), for the cost model's compute time.
   /// 0 when unknown.
   std::uint64_t flops = 0;
 };
@@ -34,7 +34,7 @@ struct profile_step {
 struct model_profile {
   tensor_name name;
   std::vector<tensor_spec> tensors;  // first-use order
-  std::vector<profile_step> steps;   // one training iteration: forward steps, then backward steps
+  std::vector<profile_pass> passes;  // one training step: forward passes, then backward passes
 
   [[nodiscard]] constexpr std::uint64_t parameter_count() const noexcept {
     std::uint64_t n = 0;
@@ -54,18 +54,18 @@ struct model_profile {
   }
   [[nodiscard]] constexpr std::uint64_t total_flops() const noexcept {
     std::uint64_t n = 0;
-    for (const auto& s : steps) n += s.flops;
+    for (const auto& s : passes) n += s.flops;
     return n;
   }
   [[nodiscard]] constexpr byte_count peak_activation_bytes() const noexcept {
     byte_count n = 0;
-    for (const auto& s : steps) n = s.activation_bytes > n ? s.activation_bytes : n;
+    for (const auto& s : passes) n = s.activation_bytes > n ? s.activation_bytes : n;
     return n;
   }
-  /// Tensor access order of one iteration, one entry per (step, tensor) touch: what prefetch and next-use eviction follow.
+  /// Tensor access order of one iteration, one entry per (pass, tensor) touch: what prefetch and next-use eviction follow.
   [[nodiscard]] constexpr std::vector<std::uint32_t> access_order() const {
     std::vector<std::uint32_t> order;
-    for (const auto& s : steps) order.insert(order.end(), s.tensors.begin(), s.tensors.end());
+    for (const auto& s : passes) order.insert(order.end(), s.tensors.begin(), s.tensors.end());
     return order;
   }
 };
@@ -80,12 +80,12 @@ namespace detail {
 }
 }  // namespace detail
 
-/// Checks what every consumer relies on; throws error_code::invalid_profile naming the offending tensor or step.
+/// Checks what every consumer relies on; throws error_code::invalid_profile naming the offending tensor or pass.
 /// - at least one tensor, every tensor with a name and at least one element;
 /// - at most max_profile_bytes of tensors in all (so no tensor's byte count, elements * dtype size, overflows);
-/// - every step index names an existing tensor;
+/// - every tensor index in a pass names an existing tensor;
 /// - tensors appear in first-use order: the first touch of tensor i comes no later than the first touch of tensor i+1
-///   (tensors no step touches may only follow all touched ones).
+///   (tensors no pass touches may only follow all touched ones).
 constexpr void validate(const model_profile& model) {
   if (model.tensors.empty()) detail::invalid_profile(model, "has no tensors; register at least one tensor");
   byte_count total = 0;  // <= max_profile_bytes before each addition, so the sum cannot wrap
@@ -105,16 +105,16 @@ constexpr void validate(const model_profile& model) {
     total += t.bytes();
   }
   const auto count = static_cast<std::uint32_t>(model.tensors.size());
-  std::uint32_t next_first_use = 0;  // tensors [0, next_first_use) have been touched by earlier steps
-  for (std::size_t s = 0; s < model.steps.size(); ++s) {
-    const auto& step = model.steps[s];
-    // The tensors this step touches for the first time must be exactly the next ones in the list (in any order
-    // within the step).
+  std::uint32_t next_first_use = 0;  // tensors [0, next_first_use) have been touched by earlier passes
+  for (std::size_t s = 0; s < model.passes.size(); ++s) {
+    const auto& pass = model.passes[s];
+    // The tensors this pass touches for the first time must be exactly the next ones in the list (in any order
+    // within the pass).
     std::vector<std::uint32_t> first_touches;
-    for (const std::uint32_t index : step.tensors) {
+    for (const std::uint32_t index : pass.tensors) {
       if (index >= count)
-        detail::invalid_profile(model, "step #" + std::to_string(s) + " (" + std::string(to_string(step.kind)) + " " +
-                                           step.label.str() + ") touches tensor #" + std::to_string(index) +
+        detail::invalid_profile(model, "pass #" + std::to_string(s) + " (" + std::string(to_string(pass.kind)) + " " +
+                                           pass.label.str() + ") touches tensor #" + std::to_string(index) +
                                            " but the profile has " + std::to_string(count) + " tensors");
       if (index >= next_first_use) first_touches.push_back(index);
     }
@@ -124,7 +124,7 @@ constexpr void validate(const model_profile& model) {
       const std::uint32_t expected = next_first_use + static_cast<std::uint32_t>(k);
       if (first_touches[k] != expected)
         detail::invalid_profile(model, "tensor #" + std::to_string(first_touches[k]) + " '" +
-                                           model.tensors[first_touches[k]].name.str() + "' is first used (step #" +
+                                           model.tensors[first_touches[k]].name.str() + "' is first used (pass #" +
                                            std::to_string(s) + ") before tensor #" + std::to_string(expected) + " '" +
                                            model.tensors[expected].name.str() +
                                            "'; list tensors in first-use order (see sort_by_first_use)");
@@ -133,7 +133,7 @@ constexpr void validate(const model_profile& model) {
   }
 }
 
-/// Reorders tensors into first-use order (untouched tensors last, in their given order) and renumbers the steps:
+/// Reorders tensors into first-use order (untouched tensors last, in their given order) and renumbers the passes:
 /// for profiles that come from elsewhere (a PyTorch export lists parameters in registration order).
 inline model_profile sort_by_first_use(const model_profile& model) {
   const auto count = model.tensors.size();
@@ -141,8 +141,8 @@ inline model_profile sort_by_first_use(const model_profile& model) {
   std::vector<std::uint32_t> new_index(count, unseen);
   std::vector<std::uint32_t> old_index;
   old_index.reserve(count);
-  for (const auto& step : model.steps)
-    for (const std::uint32_t i : step.tensors)
+  for (const auto& pass : model.passes)
+    for (const std::uint32_t i : pass.tensors)
       if (i < count && new_index[i] == unseen) {
         new_index[i] = static_cast<std::uint32_t>(old_index.size());
         old_index.push_back(i);
@@ -152,11 +152,11 @@ inline model_profile sort_by_first_use(const model_profile& model) {
       new_index[i] = static_cast<std::uint32_t>(old_index.size());
       old_index.push_back(i);
     }
-  model_profile sorted{model.name, {}, model.steps};
+  model_profile sorted{model.name, {}, model.passes};
   sorted.tensors.reserve(count);
   for (const std::uint32_t i : old_index) sorted.tensors.push_back(model.tensors[i]);
-  for (auto& step : sorted.steps)
-    for (auto& i : step.tensors)
+  for (auto& pass : sorted.passes)
+    for (auto& i : pass.tensors)
       if (i < count) i = new_index[i];
   return sorted;
 }

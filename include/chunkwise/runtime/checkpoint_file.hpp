@@ -6,22 +6,21 @@
 // commits it by replacing <dir>/LATEST ("step-<S> <N>") atomically and removes older step directories: a run killed
 // mid-save leaves the previous checkpoint whole.
 //
-// File layout (little-endian):
-//   "CHKWCK02"                                          magic and format version
+// A rank file is a file of chunkwise's checkpoint format (core/checkpoint_format.hpp: header with magic, version and
+// checksums, pieces each with its CRC-32C) of kind "rankfile". Its identity (little-endian):
 //   u32 model name length, name, u32 plan name length, name
-//   u64 tensor hash (FNV-1a over names and element counts), u64 ranks, u64 rank, u64 optimizer steps, u64 pieces
-//   pieces x { u32 tensor, u64 first element, u64 elements, u64 data offset, u32 CRC-32C of the data }
-//   u32 CRC-32C of everything above
-//   data: per piece, its parameters, then moment 1, then moment 2 (fp32)
-// A reader verifies the header's checksum before trusting any field and each piece's checksum when it reads it.
+//   u64 tensor hash (FNV-1a over names and element counts), u64 ranks, u64 rank, u64 optimizer steps
+//   per piece: u32 tensor, u64 first element, u64 elements
+// and piece k holds that range's parameters, then moment 1, then moment 2 (3 * elements fp32).
+// The format's reader verifies the header before any field is trusted and each piece when it is read. Format
+// version 3 replaced the runtime's own format 2 ("CHKWCK02"), whose files are refused with both versions named.
 #include <chunkwise/core/atomic_file.hpp>
+#include <chunkwise/core/checkpoint_format.hpp>
 #include <chunkwise/core/error.hpp>
-#include <chunkwise/core/checksum.hpp>
 
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,82 +42,58 @@ struct checkpoint_piece {
   std::uint32_t tensor = 0;
   std::uint64_t first = 0;
   std::uint64_t elements = 0;
-  std::uint64_t data_offset = 0;  // in the file (set by encode and by the reader)
-  std::uint32_t crc = 0;
+  std::uint64_t data_offset = 0;  // in the file (set by the reader)
+  std::uint32_t crc = 0;          // CRC-32C of its data (set by the reader)
 };
 
+/// The kind tag of a runtime checkpoint's rank file in chunkwise's checkpoint format.
+inline constexpr checkpoint_kind checkpoint_rank_file_kind{"rankfile", "a runtime checkpoint rank file", "checkpoint"};
+
 namespace detail {
-
-inline constexpr std::string_view checkpoint_magic = "CHKWCK02";
-
-template <class T>
-void put(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof value);
-}
-inline void put_text(std::string& out, const std::string& text) {
-  put(out, static_cast<std::uint32_t>(text.size()));
-  out += text;
-}
-
+inline constexpr std::size_t checkpoint_name_limit = 4096;  // characters of a model or plan name
 }  // namespace detail
 
 /// The bytes of one rank's file. `values[k]` holds piece k's 3 * elements floats (parameters, moment 1, moment 2).
-inline std::string encode_checkpoint(const checkpoint_identity& id, std::vector<checkpoint_piece> pieces,
+inline std::string encode_checkpoint(const checkpoint_identity& id, const std::vector<checkpoint_piece>& pieces,
                                      const std::vector<std::vector<float>>& values) {
-  std::string header(detail::checkpoint_magic);
-  detail::put_text(header, id.model);
-  detail::put_text(header, id.plan);
-  for (const std::uint64_t field : {id.tensor_hash, id.ranks, id.rank, id.steps, std::uint64_t{pieces.size()}})
-    detail::put(header, field);
-  constexpr std::size_t entry_bytes = 4 + 8 + 8 + 8 + 4;
-  std::uint64_t offset = header.size() + pieces.size() * entry_bytes + sizeof(std::uint32_t);
+  if (values.size() != pieces.size())
+    detail::raise(error_code::invalid_argument, "encode_checkpoint: " + std::to_string(pieces.size()) +
+                                                    " pieces and " + std::to_string(values.size()) + " value arrays");
+  checkpoint_fields identity;
+  identity.put_text(id.model).put_text(id.plan).put(id.tensor_hash).put(id.ranks).put(id.rank).put(id.steps);
+  for (const auto& p : pieces) identity.put(p.tensor).put(p.first).put(p.elements);
+  checkpoint_format_writer writer(checkpoint_rank_file_kind, std::move(identity).bytes());
   for (std::size_t k = 0; k < pieces.size(); ++k) {
-    auto& p = pieces[k];
-    p.data_offset = offset;
-    p.crc = crc32c(values[k].data(), values[k].size() * sizeof(float));
-    offset += values[k].size() * sizeof(float);
-    detail::put(header, p.tensor);
-    detail::put(header, p.first);
-    detail::put(header, p.elements);
-    detail::put(header, p.data_offset);
-    detail::put(header, p.crc);
+    if (values[k].size() != 3 * pieces[k].elements)
+      detail::raise(error_code::invalid_argument, "encode_checkpoint: piece " + std::to_string(k) + " has " +
+                                                      std::to_string(values[k].size()) + " values, not 3 * " +
+                                                      std::to_string(pieces[k].elements));
+    writer.add_piece(std::span<const float>(values[k]));
   }
-  detail::put(header, crc32c(header.data(), header.size()));
-  for (const auto& v : values) header.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  return header;
+  return writer.bytes();
 }
 
 /// One rank's checkpoint file, opened and its header verified; pieces are read (and verified) on demand.
 class checkpoint_reader {
  public:
-  explicit checkpoint_reader(const std::filesystem::path& file) : file_(file), in_(file, std::ios::binary) {
-    if (!in_) detail::raise(error_code::io_error, "checkpoint '" + file.string() + "': cannot open it");
-    in_.seekg(0, std::ios::end);
-    size_ = static_cast<std::uint64_t>(in_.tellg());
-    in_.seekg(0);
-    std::string magic(detail::checkpoint_magic.size(), '\0');
-    if (!read_into(magic.data(), magic.size()) || magic != detail::checkpoint_magic)
-      detail::raise(error_code::parse_error, "checkpoint '" + file.string() +
-                                                 "' is not a chunkwise checkpoint of this version (format 02)");
-    std::string header = magic;
-    id_.model = text(header);
-    id_.plan = text(header);
-    for (auto* field : {&id_.tensor_hash, &id_.ranks, &id_.rank, &id_.steps}) *field = number<std::uint64_t>(header);
-    const auto count = number<std::uint64_t>(header);
-    if (count > size_ / 32) corrupted();
-    pieces_.resize(count);
-    for (auto& p : pieces_) {
-      p.tensor = number<std::uint32_t>(header);
-      p.first = number<std::uint64_t>(header);
-      p.elements = number<std::uint64_t>(header);
-      p.data_offset = number<std::uint64_t>(header);
-      p.crc = number<std::uint32_t>(header);
+  explicit checkpoint_reader(const std::filesystem::path& file) : file_(file), format_(file, checkpoint_rank_file_kind) {
+    checkpoint_field_reader fields(format_);
+    id_.model = fields.take_text(detail::checkpoint_name_limit);
+    id_.plan = fields.take_text(detail::checkpoint_name_limit);
+    for (auto* field : {&id_.tensor_hash, &id_.ranks, &id_.rank, &id_.steps}) *field = fields.take<std::uint64_t>();
+    pieces_.resize(format_.pieces().size());
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      auto& p = pieces_[k];
+      p.tensor = fields.take<std::uint32_t>();
+      p.first = fields.take<std::uint64_t>();
+      p.elements = fields.take<std::uint64_t>();
+      p.data_offset = format_.pieces()[k].offset;
+      p.crc = format_.pieces()[k].crc;
+      if (format_.pieces()[k].bytes / (3 * sizeof(float)) != p.elements || format_.pieces()[k].bytes % (3 * sizeof(float)) != 0)
+        format_.corrupted(label(k) + " holds " + std::to_string(format_.pieces()[k].bytes) + " bytes, not those of 3 * " +
+                          std::to_string(p.elements) + " floats");
     }
-    std::uint32_t stored = 0;
-    if (!read_into(&stored, sizeof stored) || stored != crc32c(header.data(), header.size())) corrupted();
-    for (const auto& p : pieces_)
-      if (p.elements > size_ || p.data_offset > size_ || p.data_offset + 3 * p.elements * sizeof(float) > size_)
-        corrupted();
+    fields.finish();
   }
 
   [[nodiscard]] const checkpoint_identity& identity() const noexcept { return id_; }
@@ -129,45 +104,16 @@ class checkpoint_reader {
   std::vector<float> read(std::size_t k) {
     const auto& p = pieces_.at(k);
     std::vector<float> values(3 * p.elements);
-    in_.clear();
-    in_.seekg(static_cast<std::streamoff>(p.data_offset));
-    if (!read_into(values.data(), values.size() * sizeof(float)) ||
-        crc32c(values.data(), values.size() * sizeof(float)) != p.crc)
-      detail::raise(error_code::parse_error, "checkpoint '" + file_.string() + "' is corrupted or truncated: piece " +
-                                                 std::to_string(k) + " (tensor " + std::to_string(p.tensor) +
-                                                 ", elements " + std::to_string(p.first) + ".." +
-                                                 std::to_string(p.first + p.elements) + ") does not match its checksum");
+    format_.read_piece(k, values.data(), "tensor " + std::to_string(p.tensor) + ", elements " + std::to_string(p.first) +
+                                             ".." + std::to_string(p.first + p.elements));
     return values;
   }
 
  private:
-  [[noreturn]] void corrupted() const {
-    detail::raise(error_code::parse_error, "checkpoint '" + file_.string() +
-                                               "' is corrupted or truncated: its header does not match its checksum");
-  }
-  bool read_into(void* out, std::size_t bytes) {
-    in_.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes));
-    return static_cast<std::size_t>(in_.gcount()) == bytes;
-  }
-  template <class T>
-  T number(std::string& header) {
-    T value{};
-    if (!read_into(&value, sizeof value)) corrupted();
-    header.append(reinterpret_cast<const char*>(&value), sizeof value);
-    return value;
-  }
-  std::string text(std::string& header) {
-    const auto length = number<std::uint32_t>(header);
-    if (length > 4096) corrupted();
-    std::string value(length, '\0');
-    if (!read_into(value.data(), length)) corrupted();
-    header += value;
-    return value;
-  }
+  static std::string label(std::size_t k) { return "piece " + std::to_string(k); }
 
   std::filesystem::path file_;
-  std::ifstream in_;
-  std::uint64_t size_ = 0;
+  checkpoint_format_reader format_;
   checkpoint_identity id_;
   std::vector<checkpoint_piece> pieces_;
 };

@@ -1,9 +1,9 @@
 #pragma once
 // runtime<Plan, Comm>: executes a plan's chunk life cycle for a trainer, on the host backend.
 //
-// The trainer runs the profiled steps in order; around each it calls acquire(step) / release(step) and reads
-// parameter(t) / gradient(t) of the step's tensors in between, then calls step(lr) once per iteration:
-//   acquire   gathers the step's chunks where the collective shards parameters (all-gather of the home shards into
+// The trainer runs the profiled passes in order; around each it calls acquire(pass) / release(pass) and reads
+// parameter(t) / gradient(t) of the pass's tensors in between, then calls step(lr) once per iteration:
+//   acquire   gathers the pass's chunks where the collective shards parameters (all-gather of the home shards into
 //             the full chunk), counts the use;
 //   release   after a chunk's last backward use its gradients are complete: they are reduced (all-reduce or
 //             reduce-scatter, averaging over ranks) while the trainer goes on; a sharded chunk's gathered copy is
@@ -33,8 +33,8 @@
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/placement/concepts.hpp>
+#include <chunkwise/plan/layout_candidates.hpp>
 #include <chunkwise/plan/optimizer_execution.hpp>
-#include <chunkwise/plan/detail/layout_candidates.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/core/atomic_file.hpp>
@@ -74,7 +74,7 @@ struct runtime_traffic {
 
 /// When a chunk's gradients are complete and its reduction may start.
 enum class gradient_handover : std::uint8_t {
-  profile,   // at the release of its last backward step in the profile (one forward and backward per step())
+  profile,   // at the release of its last backward pass in the profile (one forward and backward per step())
   explicit_calls,  // when the trainer has called grad_ready for each of its tensors (gradient accumulation over
                    // micro-batches, or any order the profile does not know)
 };
@@ -89,7 +89,7 @@ struct runtime_options {
   /// optimizer_offload, the policy's smallest fraction for optimizer_auto (give the planner's knob).
   std::optional<std::size_t> offloaded_chunks{};
   /// cached<> and split<>: device blocks of one chunk's home part each (the planner's knob; resident chunks take one
-  /// each, the cache the rest). Unset: cached<> streams through max(2, widest step) blocks, split<> keeps half the
+  /// each, the cache the rest). Unset: cached<> streams through max(2, widest pass) blocks, split<> keeps half the
   /// chunks resident.
   std::optional<std::size_t> device_blocks{};
   /// The chunk capacity the search chose among the layout's candidates (prediction::knobs.chunk_bytes); unset: the
@@ -129,9 +129,9 @@ class runtime {
                                                    "; this runtime holds fp32 parameters (mixed precision comes with "
                                                    "the optimizer's working copies)");
     const std::size_t chunk_count = map_.chunks.size();
-    last_backward_.assign(chunk_count, no_step);
-    for (std::size_t s = 0; s < model_.steps.size(); ++s)
-      if (model_.steps[s].kind == step_kind::backward)
+    last_backward_.assign(chunk_count, no_pass);
+    for (std::size_t s = 0; s < model_.passes.size(); ++s)
+      if (model_.passes[s].kind == pass_kind::backward)
         for (const auto c : chunks_of(s)) last_backward_[c] = s;
     handover_ = options.handover;
     tensor_ready_.assign(model_.tensors.size(), 0);
@@ -190,11 +190,11 @@ class runtime {
 
   [[nodiscard]] const chunk_map& layout() const noexcept { return map_; }
 
-  void acquire(std::size_t step) {
-    check_step(step, "acquire");
+  void acquire(std::size_t pass) {
+    check_pass(pass, "acquire");
     reclaim_gradients(/*wait_for_oldest=*/false);
-    const bool backward = model_.steps[step].kind == step_kind::backward;
-    for (const auto c : chunks_of(step)) {
+    const bool backward = model_.passes[pass].kind == pass_kind::backward;
+    for (const auto c : chunks_of(pass)) {
       auto& b = chunks_[c];
       if (b.life.state() == chunk_state::released) {
         b.life.start_fetch();
@@ -206,13 +206,13 @@ class runtime {
     }
   }
 
-  void release(std::size_t step) {
-    check_step(step, "release");
-    const bool backward = model_.steps[step].kind == step_kind::backward;
-    for (const auto c : chunks_of(step)) {
+  void release(std::size_t pass) {
+    check_pass(pass, "release");
+    const bool backward = model_.passes[pass].kind == pass_kind::backward;
+    for (const auto c : chunks_of(pass)) {
       auto& b = chunks_[c];
       const bool gradients_complete = handover_ == gradient_handover::profile && backward &&
-                                      last_backward_[c] == step && b.life.users() == 1;
+                                      last_backward_[c] == pass && b.life.users() == 1;
       b.life.release(gradients_complete);
       if (gradients_complete) {
         start_reduction(b);
@@ -230,7 +230,7 @@ class runtime {
   }
 
   /// Explicit hand-over (runtime_options::handover = explicit_calls): tensor t's gradient is complete for this
-  /// iteration. A chunk's reduction starts once all its tensors are handed over and no step uses it.
+  /// iteration. A chunk's reduction starts once all its tensors are handed over and no pass uses it.
   void grad_ready(std::uint32_t tensor) {
     const auto c = chunk_of(tensor);
     if (handover_ != gradient_handover::explicit_calls)
@@ -250,38 +250,38 @@ class runtime {
     }
   }
 
-  /// Acquires a step's chunks for the guard's lifetime: `auto in_use = rt.use(step);`.
-  class step_guard {
+  /// Acquires a pass's chunks for the guard's lifetime: `auto in_use = rt.use(pass);`.
+  class pass_guard {
    public:
-    step_guard(const step_guard&) = delete;
-    step_guard& operator=(const step_guard&) = delete;
-    /// Releases the step, unless an exception is unwinding: a step that failed midway has incomplete gradients,
+    pass_guard(const pass_guard&) = delete;
+    pass_guard& operator=(const pass_guard&) = delete;
+    /// Releases the pass, unless an exception is unwinding: a pass that failed midway has incomplete gradients,
     /// and releasing it could start a reduction the other ranks never join.
-    ~step_guard() noexcept(false) {
-      if (std::uncaught_exceptions() == unwinding_) owner_.release(step_);
+    ~pass_guard() noexcept(false) {
+      if (std::uncaught_exceptions() == unwinding_) owner_.release(pass_);
     }
 
    private:
     friend class runtime;
-    step_guard(runtime& owner, std::size_t step) : owner_(owner), step_(step) {}
+    pass_guard(runtime& owner, std::size_t pass) : owner_(owner), pass_(pass) {}
     runtime& owner_;
-    std::size_t step_;
+    std::size_t pass_;
     int unwinding_ = std::uncaught_exceptions();
   };
-  [[nodiscard]] step_guard use(std::size_t step) {
-    acquire(step);
-    return step_guard(*this, step);
+  [[nodiscard]] pass_guard use(std::size_t pass) {
+    acquire(pass);
+    return pass_guard(*this, pass);
   }
 
-  /// The parameters of tensor t: valid between acquire and release of a step that touches it.
+  /// The parameters of tensor t: valid between acquire and release of a pass that touches it.
   std::span<float> parameter(std::uint32_t tensor) { return view(tensor, compute_parameters(chunk_of(tensor))); }
-  /// Its gradient accumulator (the trainer adds into it): valid between acquire and release of a backward step.
+  /// Its gradient accumulator (the trainer adds into it): valid between acquire and release of a backward pass.
   std::span<float> gradient(std::uint32_t tensor) {
     const auto c = chunk_of(tensor);
     auto& b = chunks_[c];
     if (b.life.state() != chunk_state::in_use || b.gradient.size() == 0)
       detail::raise(error_code::illegal_state, "runtime: gradient of tensor " + std::to_string(tensor) + " (chunk " +
-                                                   std::to_string(c) + ") asked for outside a backward step that "
+                                                   std::to_string(c) + ") asked for outside a backward pass that "
                                                    "uses it; gradients exist from a chunk's first backward acquire "
                                                    "until its reduction");
     return view(tensor, b.gradient.data());
@@ -300,7 +300,7 @@ class runtime {
       if (b.life.state() != chunk_state::grad_pending)
         detail::raise(error_code::illegal_state,
                       "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
-                          ", not grad_pending: run every backward step (acquire and release) before step()");
+                          ", not grad_pending: run every backward pass (acquire and release) before step()");
       b.reduction.wait();
       b.reduction = {};
       b.gradient = {};
@@ -559,7 +559,7 @@ class runtime {
     return staged;
   }
 
-  static constexpr std::size_t no_step = ~std::size_t{0};
+  static constexpr std::size_t no_pass = ~std::size_t{0};
 
   struct chunk_buffers {
     std::uint32_t index = 0;
@@ -610,11 +610,11 @@ class runtime {
   // The layout's candidate with the searched chunk capacity (or the layout's own choice).
   static chunk_map build_layout(const model_profile& model, const layout_options& options,
                                 std::optional<byte_count> chunk_bytes) {
-    using candidates = detail::layout_candidates<typename Plan::layout>;
+    using candidates = layout_candidates<typename Plan::layout>;
     if (!chunk_bytes) return Plan::layout::build(model, options);
     std::string tried;
     for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
-      if (!candidates::fits(model, options, candidate)) continue;
+      if (!candidates::can_pack(model, options, candidate)) continue;
       chunk_map map = candidates::build(model, options, candidate);
       if (map.summary().chunk_bytes == *chunk_bytes) return map;
       tried += (tried.empty() ? "" : ", ") + std::to_string(map.summary().chunk_bytes);
@@ -634,7 +634,7 @@ class runtime {
       return n;
     } else {
       std::size_t widest = 0;
-      for (std::size_t s = 0; s < model_.steps.size(); ++s) widest = std::max(widest, chunks_of(s).size());
+      for (std::size_t s = 0; s < model_.passes.size(); ++s) widest = std::max(widest, chunks_of(s).size());
       std::size_t fallback = std::max<std::size_t>(2, widest);
       if constexpr (requires { placement::stream_blocks; }) fallback = n / 2 + placement::stream_blocks;
       device_blocks_ = options.device_blocks.value_or(fallback);
@@ -645,7 +645,7 @@ class runtime {
     }
   }
 
-  // The streamed chunks' homes and a device cache of the blocks the resident chunks leave, enough for every step.
+  // The streamed chunks' homes and a device cache of the blocks the resident chunks leave, enough for every pass.
   void start_streaming(const runtime_options& options, std::size_t resident) {
     if constexpr (streams) {
       detail::streamed_settings settings;
@@ -655,7 +655,7 @@ class runtime {
       settings.nvme_directory = options.nvme_directory;
       std::size_t widest = 0;
       std::string widest_label;
-      for (std::size_t s = 0; s < model_.steps.size(); ++s) {
+      for (std::size_t s = 0; s < model_.passes.size(); ++s) {
         std::size_t streamed_here = 0;
         for (const auto c : chunks_of(s))
           if (chunks_[c].streamed) {
@@ -664,7 +664,7 @@ class runtime {
           }
         if (streamed_here > widest) {
           widest = streamed_here;
-          widest_label = std::string(model_.steps[s].label.view());
+          widest_label = std::string(model_.passes[s].label.view());
         }
       }
       if (settings.blocks < widest)
@@ -672,7 +672,7 @@ class runtime {
                       "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(device_blocks_) +
                           " keeps " + std::to_string(resident) + " chunks resident and streams " +
                           std::to_string(settings.chunks) + " through " + std::to_string(settings.blocks) +
-                          " blocks, but step '" + widest_label + "' needs " + std::to_string(widest) +
+                          " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
                           " streamed chunks at once; use at least " + std::to_string(resident + widest) +
                           " device blocks");
       for (const auto& b : chunks_)
@@ -731,7 +731,7 @@ class runtime {
     }
   }
 
-  // Explicit hand-over: every tensor of the chunk handed over, and no step holds it.
+  // Explicit hand-over: every tensor of the chunk handed over, and no pass holds it.
   bool handed_over(const chunk_buffers& b) const {
     return handover_ == gradient_handover::explicit_calls && chunk_ready_[b.index] == map_.chunks[b.index].slots.size() &&
            (b.life.state() == chunk_state::ready || b.life.state() == chunk_state::released);
@@ -775,9 +775,9 @@ class runtime {
     return freed;
   }
 
-  std::vector<std::uint32_t> chunks_of(std::size_t step) const {
+  std::vector<std::uint32_t> chunks_of(std::size_t pass) const {
     std::vector<std::uint32_t> chunks;
-    for (const auto t : model_.steps[step].tensors) {
+    for (const auto t : model_.passes[pass].tensors) {
       const auto c = map_.locations[t].chunk;
       if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
     }
@@ -794,17 +794,17 @@ class runtime {
     if (b.life.state() != chunk_state::in_use)
       detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(c) + " read while " +
                                                    std::string(to_string(b.life.state())) +
-                                                   "; acquire a step that uses it first");
+                                                   "; acquire a pass that uses it first");
     return b.compute;
   }
   std::span<float> view(std::uint32_t tensor, float* chunk_base) const {
     return {chunk_base + map_.locations[tensor].offset / sizeof(float), model_.tensors[tensor].elements};
   }
-  void check_step(std::size_t step, const char* call) const {
-    if (step >= model_.steps.size())
-      detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": step " + std::to_string(step) +
-                                                      " of a profile with " + std::to_string(model_.steps.size()) +
-                                                      " steps");
+  void check_pass(std::size_t pass, const char* call) const {
+    if (pass >= model_.passes.size())
+      detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": pass " + std::to_string(pass) +
+                                                      " of a profile with " + std::to_string(model_.passes.size()) +
+                                                      " passes");
   }
 
   /// FNV-1a over the tensors' names and element counts: what a checkpoint and the plan agreement compare.

@@ -13,16 +13,17 @@
 // the call, the block, the request, the file and errno's text. A write that fails leaves its block unreadable: its
 // bytes on disk are partly old and partly new, and the next read of it throws io_error instead of returning them.
 //
-// Tests switch on faults through `nvme_options::faults` (an nvme_fault_injector): every attempt of every request
+// Tests switch on faults through `nvme_options::faults` (a testing::nvme_fault_injector, testing/nvme_faults.hpp): every attempt of every request
 // asks it whether to report a short transfer, an errno, or to sleep first. It acts on the system call's result, where
 // the real one is handled, on both I/O paths. Without an injector the cost is one null-pointer test per attempt.
-#include <chunkwise/backend/detail/task_queue.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/checked_call.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/checksum.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
-#include <chunkwise/tier/detail/posix.hpp>
+#include <chunkwise/testing/nvme_faults.hpp>
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -59,107 +60,6 @@ enum class nvme_io_path : std::uint8_t {
   threads,    // the pread/pwrite thread pool
 };
 
-enum class nvme_op : std::uint8_t { read, write, allocate, submit };
-
-constexpr const char* to_string(nvme_op op) noexcept {
-  switch (op) {
-    case nvme_op::read: return "read";
-    case nvme_op::write: return "write";
-    case nvme_op::allocate: return "allocate";
-    case nvme_op::submit: return "submit";
-  }
-  return "?";
-}
-
-/// One attempt of one request, as the fault injector sees it. `allocate` is the store's fallocate (block, request
-/// and attempt 0; bytes: the store file's size). `submit` is an io_uring_submit of a batch of requests (io_uring
-/// path only; request: the first of the batch, bytes: 0); only an error or a delay acts on it, and an error stands
-/// in for the call: the batch stays unsubmitted, as when the kernel refuses it.
-struct nvme_attempt {
-  nvme_op op = nvme_op::read;
-  std::uint32_t block = 0;    // the block's slot
-  std::uint32_t request = 0;  // the request's index within the block
-  byte_count offset = 0;      // file offset this attempt starts at
-  byte_count bytes = 0;       // bytes this attempt asked for
-  unsigned attempt = 0;       // 0, then 1, 2, ... for the resumptions of a short transfer
-};
-
-/// What happens to one attempt: nothing, a short transfer (`missing` bytes fewer than the system call moved, at
-/// least 1 byte still moved), a failure with `error_number` (whatever the call did), or a sleep before the result is
-/// handled.
-struct nvme_fault {
-  enum class kind : std::uint8_t { none, short_transfer, error, delay };
-  kind what = kind::none;
-  byte_count missing = 0;
-  int error_number = 0;
-  std::chrono::microseconds delay{0};
-
-  static nvme_fault short_by(byte_count missing) { return {kind::short_transfer, missing, 0, {}}; }
-  static nvme_fault fail(int error_number) { return {kind::error, 0, error_number, {}}; }
-  static nvme_fault sleep(std::chrono::microseconds delay) { return {kind::delay, 0, 0, delay}; }
-};
-
-/// A thread-safe list of rules, consulted by the store for every attempt (requests complete on several threads).
-/// The first live rule that matches an attempt acts on it.
-///
-///   auto faults = std::make_shared<chunkwise::nvme_fault_injector>();
-///   faults->add({.fault = chunkwise::nvme_fault::fail(EIO), .op = chunkwise::nvme_op::read, .block = 3});
-///   options.faults = faults;   // the store's next read of block 3 fails with EIO; the one after succeeds
-class nvme_fault_injector {
- public:
-  struct rule {
-    nvme_fault fault{};
-    std::optional<nvme_op> op{};             // empty: any read or write (allocate and submit only when named)
-    std::optional<std::uint32_t> block{};    // empty: any block
-    std::optional<std::uint32_t> request{};  // empty: any request of the block
-    std::uint64_t skip = 0;                  // matching attempts let through before it acts
-    std::uint64_t times = 1;                 // attempts it acts on, then it is spent; 0: every matching attempt
-  };
-
-  void add(const rule& r) {
-    std::lock_guard lock(mutex_);
-    rules_.push_back(live_rule{r, 0, 0});
-  }
-  /// Removes every rule and zeroes the count: later attempts run clean.
-  void clear() {
-    std::lock_guard lock(mutex_);
-    rules_.clear();
-    injected_ = 0;
-  }
-  /// Faults injected since construction or the last clear().
-  [[nodiscard]] std::uint64_t injected() const {
-    std::lock_guard lock(mutex_);
-    return injected_;
-  }
-
-  [[nodiscard]] nvme_fault on_attempt(const nvme_attempt& attempt) {
-    std::lock_guard lock(mutex_);
-    for (live_rule& live : rules_) {
-      const rule& r = live.spec;
-      const bool transfer = attempt.op == nvme_op::read || attempt.op == nvme_op::write;
-      if ((r.op ? *r.op != attempt.op : !transfer) || (r.block && *r.block != attempt.block) ||
-          (r.request && *r.request != attempt.request))
-        continue;
-      if (live.seen++ < r.skip) continue;
-      if (r.times != 0 && live.acted >= r.times) continue;
-      ++live.acted;
-      ++injected_;
-      return r.fault;
-    }
-    return {};
-  }
-
- private:
-  struct live_rule {
-    rule spec;
-    std::uint64_t seen;   // matching attempts so far
-    std::uint64_t acted;  // attempts it acted on
-  };
-  mutable std::mutex mutex_;
-  std::vector<live_rule> rules_;
-  std::uint64_t injected_ = 0;
-};
-
 struct nvme_options {
   std::filesystem::path directory = std::filesystem::temp_directory_path();
   byte_count capacity = 0;      // bytes the store file holds (rounded down to whole blocks)
@@ -168,7 +68,7 @@ struct nvme_options {
   unsigned queue_depth = 4;     // requests in flight
   nvme_io_path path = nvme_io_path::automatic;
   bool direct_io = true;        // O_DIRECT; where the file system refuses it (tmpfs) the store says so and runs buffered
-  std::shared_ptr<nvme_fault_injector> faults{};  // tests: faults injected into I/O results; null: none
+  std::shared_ptr<testing::nvme_fault_injector> faults{};  // tests: faults injected into I/O results; null: none
 };
 
 /// A block of the store. Default-constructed: no block.
@@ -365,8 +265,13 @@ class nvme_tier {
 
   void open_store() {
     const auto& dir = options_.directory;
+    // pid, this object's address and a counter: unique among live stores even where translation units of two ABI
+    // namespaces (core/abi.hpp) each have their own counter.
     static std::atomic<unsigned> store_counter{0};
-    file_ = dir / ("chunkwise-store-" + std::to_string(::getpid()) + "-" + std::to_string(store_counter++) + ".bin");
+    char self[24];
+    std::snprintf(self, sizeof self, "%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(this)));
+    file_ = dir / ("chunkwise-store-" + std::to_string(::getpid()) + "-" + self + "-" +
+                   std::to_string(store_counter++) + ".bin");
     const std::string context = "NVMe tier: store file '" + file_.string() + "'";
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
     direct_io_active_ = false;
@@ -378,7 +283,7 @@ class nvme_tier {
     if (fd_ < 0) fd_ = ::open(file_.c_str(), flags, 0600);
     if (fd_ < 0) {
       const int e = errno;
-      detail::raise_posix("open", e,
+      throw_posix_failure("open", e,
                           context + (e == EACCES || e == EPERM || e == EROFS ? " (no permission to create it in '" +
                                                                                    dir.string() + "')"
                                                                              : std::string()));
@@ -391,9 +296,9 @@ class nvme_tier {
       rc = e == 0 ? 0 : -1;
     }
     if (options_.faults) {
-      const nvme_fault fault = options_.faults->on_attempt({nvme_op::allocate, 0, 0, 0, file_bytes, 0});
-      if (fault.what == nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
-      if (fault.what == nvme_fault::kind::error) {
+      const testing::nvme_fault fault = options_.faults->on_attempt({testing::nvme_op::allocate, 0, 0, 0, file_bytes, 0});
+      if (fault.what == testing::nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
+      if (fault.what == testing::nvme_fault::kind::error) {
         rc = -1;
         e = fault.error_number;
       }
@@ -410,7 +315,7 @@ class nvme_tier {
               ", over the process's file size limit RLIMIT_FSIZE or the file system's maximum)";
       }
       close_store();
-      detail::raise_posix("fallocate", e, context + " of " + format_bytes(file_bytes) + why);
+      throw_posix_failure("fallocate", e, context + " of " + format_bytes(file_bytes) + why);
     }
   }
 
@@ -445,7 +350,7 @@ class nvme_tier {
                                      "(link chunkwise::uring)");
     if (options_.path == nvme_io_path::automatic) fallback_reason_ = "built without liburing";
 #endif
-    pool_ = std::make_unique<detail::task_queue>(options_.queue_depth);
+    pool_ = std::make_unique<worker_threads>(options_.queue_depth);
   }
 
   void check_block(nvme_block block, const char* what) const {
@@ -525,14 +430,14 @@ class nvme_tier {
   // fault injector makes of it.
   long long observed(bool writing, nvme_block block, const segment& s, const progress& p, long long result) const {
     if (!options_.faults) return result;
-    const nvme_fault fault = options_.faults->on_attempt({writing ? nvme_op::write : nvme_op::read, block.slot,
+    const testing::nvme_fault fault = options_.faults->on_attempt({writing ? testing::nvme_op::write : testing::nvme_op::read, block.slot,
                                                           s.index, s.offset + p.moved, s.length - p.moved,
                                                           p.attempts});
     switch (fault.what) {
-      case nvme_fault::kind::none: return result;
-      case nvme_fault::kind::delay: std::this_thread::sleep_for(fault.delay); return result;
-      case nvme_fault::kind::error: return -static_cast<long long>(fault.error_number);
-      case nvme_fault::kind::short_transfer:
+      case testing::nvme_fault::kind::none: return result;
+      case testing::nvme_fault::kind::delay: std::this_thread::sleep_for(fault.delay); return result;
+      case testing::nvme_fault::kind::error: return -static_cast<long long>(fault.error_number);
+      case testing::nvme_fault::kind::short_transfer:
         return result <= 0 ? result : std::max<long long>(1, result - static_cast<long long>(fault.missing));
     }
     return result;
@@ -566,7 +471,7 @@ class nvme_tier {
                      format_bytes(byte_count{fs.f_bavail} * fs.f_frsize) + " free";
         context += "; the store file was preallocated, so the file system under it ran out of blocks: free space)";
       }
-      detail::raise_posix(call, e, context);
+      throw_posix_failure(call, e, context);
     }
     if (result == 0)
       detail::raise(error_code::io_error, io_context(op, block, s) + ": " + call + " moved 0 bytes after " +
@@ -629,12 +534,12 @@ class nvme_tier {
       }
       if (queued == 0) return;
       int rc = 0;
-      nvme_fault fault{};
+      testing::nvme_fault fault{};
       if (options_.faults)
-        fault = options_.faults->on_attempt({nvme_op::submit, block.slot, segments[first_queued].index,
+        fault = options_.faults->on_attempt({testing::nvme_op::submit, block.slot, segments[first_queued].index,
                                              segments[first_queued].offset, 0, 0});
-      if (fault.what == nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
-      if (fault.what == nvme_fault::kind::error) {
+      if (fault.what == testing::nvme_fault::kind::delay) std::this_thread::sleep_for(fault.delay);
+      if (fault.what == testing::nvme_fault::kind::error) {
         rc = -fault.error_number;  // stands in for the call: the batch stays in the ring, unsubmitted
       } else {
         do rc = io_uring_submit(ring);
@@ -666,8 +571,7 @@ class nvme_tier {
       if (rc < 0) {
         // The ring is broken: nothing more completes. Retire it and report.
         lease.broken = true;
-        std::rethrow_exception(std::make_exception_ptr(
-            error(error_code::io_error, std::string("NVMe tier: io_uring_wait_cqe failed: ") + std::strerror(-rc))));
+        throw_posix_failure("io_uring_wait_cqe", -rc, "NVMe tier '" + file_.string() + "'");
       }
       const auto index = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
       const segment& s = segments[index];
@@ -745,7 +649,7 @@ class nvme_tier {
   bool direct_io_active_ = false;
   nvme_io_path active_path_ = nvme_io_path::threads;
   std::string fallback_reason_;
-  std::unique_ptr<detail::task_queue> pool_;
+  std::unique_ptr<worker_threads> pool_;
 #if CHUNKWISE_HAS_URING
   // Rings: one per thread doing I/O at a time (a fetch and a write-back run side by side), created on demand up to
   // max_rings; a thread beyond that waits for one.
@@ -770,8 +674,7 @@ class nvme_tier {
           return;
         }
         if (store.rings_.empty())  // every earlier ring broke and no new one starts: nothing to wait for
-          detail::raise(error_code::io_error,
-                        std::string("NVMe tier: io_uring_queue_init failed: ") + std::strerror(-rc));
+          throw_posix_failure("io_uring_queue_init", -rc, "NVMe tier '" + store.file_.string() + "'");
       }
       store.ring_idle_.wait(lock, [this] { return !store.idle_rings_.empty(); });
       ring = store.idle_rings_.back();

@@ -9,7 +9,7 @@
 //
 // One thread issues transfers (the trainer's); completions may be waited for from any thread.
 #include <chunkwise/backend/concepts.hpp>
-#include <chunkwise/backend/detail/task_queue.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/tier/concepts.hpp>
@@ -59,11 +59,11 @@ class transfer {
   friend class transfer_engine;
 
   transfer(Backend* b, typename Backend::event_type e, byte_count n) : backend_(b), event_(std::move(e)), bytes_(n) {}
-  transfer(std::shared_ptr<detail::completion> host, byte_count n) : host_(std::move(host)), bytes_(n) {}
+  transfer(std::shared_ptr<completion> host, byte_count n) : host_(std::move(host)), bytes_(n) {}
 
   Backend* backend_ = nullptr;
   typename Backend::event_type event_{};
-  std::shared_ptr<detail::completion> host_;
+  std::shared_ptr<completion> host_;
   byte_count bytes_ = 0;
 };
 
@@ -121,8 +121,8 @@ class transfer_engine {
         throw;
       }
       all_staging_ = free_staging_;
-      fetch_mover_ = std::make_unique<detail::task_queue>(1);
-      write_back_mover_ = std::make_unique<detail::task_queue>(1);
+      fetch_mover_ = std::make_unique<worker_threads>(1);
+      write_back_mover_ = std::make_unique<worker_threads>(1);
     }
   }
   transfer_engine(const transfer_engine&) = delete;
@@ -237,8 +237,8 @@ class transfer_engine {
     bool host_dependency = false;
     for (const auto& dependency : after) host_dependency |= !dependency.is_event() && !dependency.ready();
     if (host_dependency) {
-      if (!dependency_mover_) dependency_mover_ = std::make_unique<detail::task_queue>(1);
-      auto state = std::make_shared<detail::completion>();
+      if (!dependency_mover_) dependency_mover_ = std::make_unique<worker_threads>(1);
+      auto state = std::make_shared<completion>();
       std::vector<transfer_type> dependencies(after.begin(), after.end());
       dependency_mover_->push([this, to_device, dst, src, bytes, state, dependencies = std::move(dependencies)] {
         try {
@@ -262,9 +262,9 @@ class transfer_engine {
   }
 
   template <class Move>
-  transfer_type on_mover(detail::task_queue& mover, byte_count bytes, std::span<const transfer_type> after,
+  transfer_type on_mover(worker_threads& mover, byte_count bytes, std::span<const transfer_type> after,
                          Move move) {
-    auto state = std::make_shared<detail::completion>();
+    auto state = std::make_shared<completion>();
     std::vector<transfer_type> dependencies(after.begin(), after.end());
     mover.push([this, state, move, dependencies = std::move(dependencies)] {
       void* staging = nullptr;
@@ -321,9 +321,9 @@ class transfer_engine {
   std::deque<transfer_type> outstanding_;
   transfer_stats stats_;
   // Declared last: destroyed (joined) first, while everything their tasks touch is alive.
-  std::unique_ptr<detail::task_queue> dependency_mover_;
-  std::unique_ptr<detail::task_queue> fetch_mover_;
-  std::unique_ptr<detail::task_queue> write_back_mover_;
+  std::unique_ptr<worker_threads> dependency_mover_;
+  std::unique_ptr<worker_threads> fetch_mover_;
+  std::unique_ptr<worker_threads> write_back_mover_;
 };
 
 }  // namespace chunkwise

@@ -2,7 +2,7 @@
 // The CUDA backend: dedicated non-blocking host-to-device and device-to-host streams, copies with cudaMemcpyAsync,
 // completions as cudaEvent_t (timing disabled). Models the same `backend` concept as the host backend.
 #include <chunkwise/backend/concepts.hpp>
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/bytes.hpp>
 
 #include <cuda_runtime.h>
@@ -41,7 +41,7 @@ class cuda_backend {
     const cudaError_t status = cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking);
     if (status != cudaSuccess) {
       (void)cudaStreamDestroy(h2d_);
-      detail::raise_cuda(status, "cudaStreamCreateWithFlags", __FILE__, __LINE__, context + " (device-to-host stream)");
+      throw_call_failure(cuda_code(status), "cudaStreamCreateWithFlags", context + " (device-to-host stream)", __FILE__, __LINE__);
     }
   }
   cuda_backend(const cuda_backend&) = delete;
@@ -75,7 +75,7 @@ class cuda_backend {
     if (!event) return true;
     const cudaError_t status = cudaEventQuery(event.get());
     if (status == cudaErrorNotReady) return false;
-    if (status != cudaSuccess) detail::raise_cuda(status, "cudaEventQuery", __FILE__, __LINE__, "cuda backend");
+    if (status != cudaSuccess) throw_call_failure(cuda_code(status), "cudaEventQuery", "cuda backend", __FILE__, __LINE__);
     return true;
   }
   void wait(const cuda_event& event) const {

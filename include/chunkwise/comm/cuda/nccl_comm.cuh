@@ -20,7 +20,7 @@
 #include <chunkwise/comm/bootstrap_file.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/error.hpp>
 
 #include <cuda_runtime.h>
@@ -35,21 +35,9 @@
 #include <string>
 #include <utility>
 
-/// Checks an NCCL call and throws chunkwise::error (comm_error) with the call, the place, NCCL's error name and its
-/// last error message.
-#define CHUNKWISE_NCCL_TRY(call) ::chunkwise::detail::check_nccl((call), #call, __FILE__, __LINE__)
-
 namespace chunkwise::inline CHUNKWISE_ABI {
 
 namespace detail {
-
-inline void check_nccl(ncclResult_t result, const char* call, const char* file, int line) {
-  if (result == ncclSuccess) return;
-  const char* last = ncclGetLastError(nullptr);
-  throw error(error_code::comm_error, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                                          ncclGetErrorString(result) +
-                                          (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
-}
 
 template <class T>
 constexpr ncclDataType_t nccl_type() noexcept {
@@ -106,7 +94,7 @@ class nccl_comm {
     if (ranks < 1 || rank < 0 || rank >= ranks)
       detail::raise(error_code::invalid_argument, "nccl_comm: rank " + std::to_string(rank) + " of " +
                                                       std::to_string(ranks) + " ranks does not exist");
-    CHUNKWISE_NCCL_TRY(ncclCommInitRank(&comm_, ranks, id, rank));
+    CHUNKWISE_NCCL_TRY(ncclCommInitRank(&comm_, ranks, id, rank), "nccl_comm");
     finish_setup();
   }
 
@@ -125,7 +113,7 @@ class nccl_comm {
 
   static ncclUniqueId make_unique_id() {
     ncclUniqueId id{};
-    CHUNKWISE_NCCL_TRY(ncclGetUniqueId(&id));
+    CHUNKWISE_NCCL_TRY(ncclGetUniqueId(&id), "nccl_comm");
     return id;
   }
 
@@ -137,7 +125,7 @@ class nccl_comm {
   template <transferable_element T>
   request all_gather(std::span<const T> in, std::span<T> out) {
     detail::check_all_gather("nccl_comm", in, out, rank_, size_);
-    CHUNKWISE_NCCL_TRY(ncclAllGather(in.data(), out.data(), in.size_bytes(), ncclUint8, comm_, stream_));
+    CHUNKWISE_NCCL_TRY(ncclAllGather(in.data(), out.data(), in.size_bytes(), ncclUint8, comm_, stream_), "nccl_comm");
     return completed();
   }
 
@@ -145,7 +133,7 @@ class nccl_comm {
   request reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     detail::check_reduce_scatter("nccl_comm", in, out, rank_, size_);
     CHUNKWISE_NCCL_TRY(
-        ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_));
+        ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_), "nccl_comm");
     return completed();
   }
 
@@ -153,20 +141,20 @@ class nccl_comm {
   request all_reduce(std::span<const T> in, std::span<T> out, reduce_op op) {
     detail::check_all_reduce("nccl_comm", in, out);
     CHUNKWISE_NCCL_TRY(
-        ncclAllReduce(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_));
+        ncclAllReduce(in.data(), out.data(), out.size(), detail::nccl_type<T>(), nccl_op(op), comm_, stream_), "nccl_comm");
     return completed();
   }
 
   template <transferable_element T>
   request broadcast(std::span<T> buffer, int root) {
     detail::check_root("nccl_comm", root, size_);
-    CHUNKWISE_NCCL_TRY(ncclBroadcast(buffer.data(), buffer.data(), buffer.size_bytes(), ncclUint8, root, comm_, stream_));
+    CHUNKWISE_NCCL_TRY(ncclBroadcast(buffer.data(), buffer.data(), buffer.size_bytes(), ncclUint8, root, comm_, stream_), "nccl_comm");
     return completed();
   }
 
   /// NCCL has no barrier: an all-reduce of one device word, which completes on a rank once every rank joined it.
   request barrier() {
-    CHUNKWISE_NCCL_TRY(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
+    CHUNKWISE_NCCL_TRY(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "nccl_comm");
     return completed();
   }
 
@@ -177,7 +165,7 @@ class nccl_comm {
                     "nccl_comm: split color " + std::to_string(color) + " is negative; colors are >= 0");
     nccl_comm result;
     result.stream_ = stream_;
-    CHUNKWISE_NCCL_TRY(ncclCommSplit(comm_, color, key, &result.comm_, nullptr));
+    CHUNKWISE_NCCL_TRY(ncclCommSplit(comm_, color, key, &result.comm_, nullptr), "nccl_comm");
     result.finish_setup();
     return result;
   }
@@ -187,7 +175,7 @@ class nccl_comm {
   class group_guard {
    public:
     explicit group_guard(nccl_comm& comm) : comm_(&comm) {
-      CHUNKWISE_NCCL_TRY(ncclGroupStart());
+      CHUNKWISE_NCCL_TRY(ncclGroupStart(), "nccl_comm");
       ++comm_->group_depth_;
     }
     group_guard(const group_guard&) = delete;
@@ -198,7 +186,7 @@ class nccl_comm {
       nccl_comm& comm = *std::exchange(comm_, nullptr);
       --comm.group_depth_;
       auto event = std::move(comm.group_event_);
-      CHUNKWISE_NCCL_TRY(ncclGroupEnd());
+      CHUNKWISE_NCCL_TRY(ncclGroupEnd(), "nccl_comm");
       if (event) CHUNKWISE_CUDA_TRY(cudaEventRecord(event->get(), comm.stream_), std::string("nccl_comm"));
     }
     ~group_guard() {
@@ -227,8 +215,8 @@ class nccl_comm {
   }
 
   void finish_setup() {
-    CHUNKWISE_NCCL_TRY(ncclCommUserRank(comm_, &rank_));
-    CHUNKWISE_NCCL_TRY(ncclCommCount(comm_, &size_));
+    CHUNKWISE_NCCL_TRY(ncclCommUserRank(comm_, &rank_), "nccl_comm");
+    CHUNKWISE_NCCL_TRY(ncclCommCount(comm_, &size_), "nccl_comm");
     CHUNKWISE_CUDA_TRY(cudaMalloc(&scratch_, sizeof(int)), std::string("nccl_comm"));
     CHUNKWISE_CUDA_TRY(cudaMemsetAsync(scratch_, 0, sizeof(int), stream_), std::string("nccl_comm"));
   }

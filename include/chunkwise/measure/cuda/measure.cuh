@@ -6,7 +6,7 @@
 // the host's NVMe and CPU Adam as measure<host_backend> takes them.
 #if CHUNKWISE_HAS_CUDA
 #include <chunkwise/backend/cuda/backend.cuh>
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/optim/cuda/adam.cuh>
 #include <chunkwise/measure/host.hpp>
 
@@ -45,24 +45,6 @@ double cuda_seconds(cudaStream_t stream, F&& body) {
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
   return best;
-}
-
-inline const char* cublas_status_name(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_(other)";
-  }
-}
-
-inline void cublas_check(cublasStatus_t status, const char* call) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    raise(error_code::io_error, std::string("measure: ") + call + " failed: " + cublas_status_name(status));
 }
 
 }  // namespace detail
@@ -119,14 +101,13 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
     CHUNKWISE_CUDA_TRY(cudaMalloc(&matrices, 3 * elements * sizeof(__nv_bfloat16)), std::string("measure: GEMM buffers"));
     CHUNKWISE_CUDA_TRY(cudaMemsetAsync(matrices, 0, 3 * elements * sizeof(__nv_bfloat16), stream), std::string("measure: GEMM buffers"));
     cublasHandle_t handle{};
-    detail::cublas_check(cublasCreate(&handle), "cublasCreate");
-    detail::cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
+    CHUNKWISE_CUBLAS_TRY(cublasCreate(&handle), "measure<cuda_backend>");
+    CHUNKWISE_CUBLAS_TRY(cublasSetStream(handle, stream), "measure<cuda_backend>");
     const float alpha = 1.0f, beta = 0.0f;
     const double s = detail::cuda_seconds(stream, [&] {
-      detail::cublas_check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, matrices, CUDA_R_16BF, n,
+      CHUNKWISE_CUBLAS_TRY(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, matrices, CUDA_R_16BF, n,
                                         matrices + elements, CUDA_R_16BF, n, &beta, matrices + 2 * elements,
-                                        CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                           "cublasGemmEx");
+                                        CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "measure<cuda_backend>");
     });
     m.device_flops_per_second = 2.0 * n * static_cast<double>(n) * n / s;
     cublasDestroy(handle);

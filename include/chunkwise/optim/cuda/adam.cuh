@@ -14,7 +14,7 @@
 //    can be captured in a CUDA graph and replayed every step.
 #if CHUNKWISE_HAS_CUDA
 
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/optim/concepts.hpp>

@@ -9,7 +9,7 @@
 #include <chunkwise/optim/detail/avx2_kernels.hpp>
 #include <chunkwise/optim/detail/avx512_kernels.hpp>
 #include <chunkwise/optim/detail/scalar_kernels.hpp>
-#include <chunkwise/optim/thread_pool.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -60,7 +60,7 @@ void visit_types(const chunk_arrays& chunk, F&& f) noexcept {
 class cpu_engine {
  public:
   explicit cpu_engine(const cpu_options& options)
-      : own_pool_(options.pool != nullptr ? nullptr : std::make_unique<thread_pool>(options.threads)),
+      : own_pool_(options.pool != nullptr ? nullptr : std::make_unique<worker_threads>(workers_for(options.threads))),
         pool_(options.pool != nullptr ? options.pool : own_pool_.get()),
         isa_(resolve(options.isa)),
         tile_(options.tile_elements) {
@@ -70,7 +70,7 @@ class cpu_engine {
   }
 
   [[nodiscard]] cpu_isa isa() const noexcept { return isa_; }
-  [[nodiscard]] unsigned threads() const noexcept { return pool_->size(); }
+  [[nodiscard]] unsigned threads() const noexcept { return pool_->parallel_width(); }
 
   /// Runs kernel(chunk, begin, end) over every tile of every chunk, on all threads.
   template <class Kernel>
@@ -117,8 +117,13 @@ class cpu_engine {
     return sum_of_squares_scalar(grad, begin, end);
   }
 
-  std::unique_ptr<thread_pool> own_pool_;
-  thread_pool* pool_;
+  static std::size_t workers_for(unsigned threads) {
+    if (threads == 0) throw error(error_code::invalid_argument, "cpu optimizer: needs at least 1 thread, got 0");
+    return threads - 1;  // the caller is one of them
+  }
+
+  std::unique_ptr<worker_threads> own_pool_;
+  worker_threads* pool_;
   cpu_isa isa_;
   std::size_t tile_;
   std::vector<tile> tiles_;

@@ -1,5 +1,5 @@
 #pragma once
-// The chunk access trace of one iteration (which chunks each step needs at once) and how many fetches a device cache
+// The chunk access trace of one iteration (which chunks each pass needs at once) and how many fetches a device cache
 // of b blocks makes along it with next-use (Belady) eviction: the cost model's count of host-to-device moves.
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/profile/model_profile.hpp>
@@ -11,36 +11,36 @@
 namespace chunkwise::inline CHUNKWISE_ABI::detail {
 
 struct chunk_trace {
-  std::vector<std::vector<std::uint32_t>> steps;  // chunk ids each step touches, without repeats
-  std::uint64_t widest_step = 0;                  // most chunks one step needs at once
+  std::vector<std::vector<std::uint32_t>> passes;  // chunk ids each pass touches, without repeats
+  std::uint64_t widest_pass = 0;                   // most chunks one pass needs at once
 };
 
 constexpr chunk_trace trace_chunks(const model_profile& model, const chunk_map& map) {
   chunk_trace trace;
-  for (const auto& step : model.steps) {
+  for (const auto& pass : model.passes) {
     std::vector<std::uint32_t> chunks;
-    for (const auto tensor : step.tensors) {
+    for (const auto tensor : pass.tensors) {
       const auto c = map.locations[tensor].chunk;
       if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
     }
-    trace.widest_step = std::max<std::uint64_t>(trace.widest_step, chunks.size());
-    trace.steps.push_back(std::move(chunks));
+    trace.widest_pass = std::max<std::uint64_t>(trace.widest_pass, chunks.size());
+    trace.passes.push_back(std::move(chunks));
   }
   return trace;
 }
 
 /// Fetches of one iteration that starts with an empty cache of `blocks` blocks, for the chunks with id >= first_streamed
-/// (lower ids are resident and never fetched). A step's chunks are pinned while it runs; on a miss with a full cache
-/// the block whose chunk is used farthest ahead (or never again) is evicted. blocks must be >= the widest step's
+/// (lower ids are resident and never fetched). A pass's chunks are pinned while it runs; on a miss with a full cache
+/// the block whose chunk is used farthest ahead (or never again) is evicted. blocks must be >= the widest pass's
 /// streamed chunks.
 constexpr std::uint64_t count_fetches(const chunk_trace& trace, std::uint32_t first_streamed, std::uint64_t blocks) {
-  // Flatten to (step, chunk) accesses of streamed chunks, with each access's next use.
-  std::vector<std::uint32_t> chunk_of, step_of;
-  for (std::uint32_t s = 0; s < trace.steps.size(); ++s)
-    for (const auto c : trace.steps[s])
+  // Flatten to (pass, chunk) accesses of streamed chunks, with each access's next use.
+  std::vector<std::uint32_t> chunk_of, pass_of;
+  for (std::uint32_t s = 0; s < trace.passes.size(); ++s)
+    for (const auto c : trace.passes[s])
       if (c >= first_streamed) {
         chunk_of.push_back(c);
-        step_of.push_back(s);
+        pass_of.push_back(s);
       }
   const std::size_t accesses = chunk_of.size();
   constexpr std::uint64_t never = ~std::uint64_t{0};
@@ -57,37 +57,37 @@ constexpr std::uint64_t count_fetches(const chunk_trace& trace, std::uint32_t fi
       }
     }
   }
-  struct block { std::uint32_t chunk; std::uint64_t next; std::uint32_t pinned_step; };
+  struct block { std::uint32_t chunk; std::uint64_t next; std::uint32_t pinned_pass; };
   std::vector<block> cache;
   std::uint64_t fetches = 0;
   for (std::size_t i = 0; i < accesses; ++i) {
     auto it = std::find_if(cache.begin(), cache.end(), [&](const block& b) { return b.chunk == chunk_of[i]; });
     if (it != cache.end()) {
       it->next = next_use[i];
-      it->pinned_step = step_of[i];
+      it->pinned_pass = pass_of[i];
       continue;
     }
     ++fetches;
     if (cache.size() < blocks) {
-      cache.push_back({chunk_of[i], next_use[i], step_of[i]});
+      cache.push_back({chunk_of[i], next_use[i], pass_of[i]});
       continue;
     }
-    // Evict the farthest next use among blocks not needed by the running step.
+    // Evict the farthest next use among blocks not needed by the running pass.
     block* victim = nullptr;
     for (auto& b : cache)
-      if (b.pinned_step != step_of[i] && (victim == nullptr || b.next > victim->next)) victim = &b;
-    if (victim == nullptr) return never;  // the step alone needs more blocks than the cache has
-    *victim = {chunk_of[i], next_use[i], step_of[i]};
+      if (b.pinned_pass != pass_of[i] && (victim == nullptr || b.next > victim->next)) victim = &b;
+    if (victim == nullptr) return never;  // the pass alone needs more blocks than the cache has
+    *victim = {chunk_of[i], next_use[i], pass_of[i]};
   }
   return fetches;
 }
 
-/// Most streamed chunks (id >= first_streamed) one step needs at once: the fewest blocks streaming can work with.
-constexpr std::uint64_t widest_streamed_step(const chunk_trace& trace, std::uint32_t first_streamed) {
+/// Most streamed chunks (id >= first_streamed) one pass needs at once: the fewest blocks streaming can work with.
+constexpr std::uint64_t widest_streamed_pass(const chunk_trace& trace, std::uint32_t first_streamed) {
   std::uint64_t widest = 0;
-  for (const auto& step : trace.steps) {
+  for (const auto& pass : trace.passes) {
     std::uint64_t n = 0;
-    for (const auto c : step) n += c >= first_streamed ? 1 : 0;
+    for (const auto c : pass) n += c >= first_streamed ? 1 : 0;
     widest = std::max(widest, n);
   }
   return widest;

@@ -54,7 +54,7 @@ inline bool json_bool(const nlohmann::json& value, const std::string& path) {
   return value.get<bool>();
 }
 
-/// A string field that names something (a tensor, a step, a machine): at most tensor_name::capacity characters.
+/// A string field that names something (a tensor, a pass, a machine): at most tensor_name::capacity characters.
 inline tensor_name json_name(const nlohmann::json& value, const std::string& path) {
   const std::string text = json_string(value, path);
   if (text.size() > tensor_name::capacity)

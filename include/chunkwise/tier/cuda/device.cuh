@@ -2,7 +2,7 @@
 // The CUDA device tier: stream-ordered cudaMallocFromPoolAsync from this tier's own memory pool, under a byte budget
 // (the pool keeps up to the budget cached: its release threshold), so "does it fit" is answered by the budget with
 // the same message as on the host backend, before the GPU itself runs out.
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
@@ -32,8 +32,7 @@ class cuda_device_tier {
     const cudaError_t status = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
     if (status != cudaSuccess) {
       (void)cudaMemPoolDestroy(pool_);
-      detail::raise_cuda(status, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", __FILE__, __LINE__,
-                         context);
+      throw_call_failure(cuda_code(status), "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", context, __FILE__, __LINE__);
     }
   }
   cuda_device_tier(const cuda_device_tier&) = delete;
@@ -50,9 +49,8 @@ class cuda_device_tier {
     const cudaError_t status = cudaMallocFromPoolAsync(&memory, bytes, pool_, stream);
     if (status != cudaSuccess) {
       budget_.release(bytes);
-      detail::raise_cuda(status, "cudaMallocFromPoolAsync", __FILE__, __LINE__,
-                         "CUDA device tier: " + format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) +
-                             " of a " + format_bytes(budget_.capacity()) + " budget in use");
+      throw_call_failure(cuda_code(status), "cudaMallocFromPoolAsync", "CUDA device tier: " + format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) +
+                             " of a " + format_bytes(budget_.capacity()) + " budget in use", __FILE__, __LINE__);
     }
     return memory;
   }

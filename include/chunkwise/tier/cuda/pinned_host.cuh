@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA pinned host tier: cudaHostAlloc (page-locked, portable across devices, page-aligned so it doubles as an
 // O_DIRECT buffer) under a byte budget.
-#include <chunkwise/backend/cuda/error.cuh>
+#include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
@@ -36,10 +36,9 @@ class cuda_pinned_host_tier {
     const cudaError_t status = cudaHostAlloc(&memory, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
     if (status != cudaSuccess) {
       budget_.release(bytes);
-      detail::raise_cuda(status, "cudaHostAlloc", __FILE__, __LINE__,
-                         "pinned host tier (CUDA): " + format_bytes(bytes) + " with " +
+      throw_call_failure(cuda_code(status), "cudaHostAlloc", "pinned host tier (CUDA): " + format_bytes(bytes) + " with " +
                              format_bytes(budget_.in_use()) + " of a " + format_bytes(budget_.capacity()) +
-                             " budget in use");
+                             " budget in use", __FILE__, __LINE__);
     }
     return memory;
   }
