@@ -17,13 +17,13 @@ model_profile transformer_like(std::size_t tensors, std::uint64_t seed) {
   std::uniform_int_distribution<std::uint64_t> matrix(1u << 20, 16u << 20), vector(256, 16384);
   model_profile model;
   model.name = "synthetic";
-  profile_step step{"all", step_kind::forward, {}, 0};
+  profile_pass pass{"all", pass_kind::forward, {}, 0};
   for (std::uint32_t i = 0; i < tensors; ++i) {
     const bool is_matrix = i % 3 == 0;
     model.tensors.push_back({"t", is_matrix ? matrix(rng) : vector(rng), dtype::fp32, tensor_role::parameter, i == 0});
-    step.tensors.push_back(i);
+    pass.tensors.push_back(i);
   }
-  model.steps.push_back(step);
+  model.passes.push_back(pass);
   return model;
 }
 

@@ -10,7 +10,7 @@ using namespace chunkwise;
 
 namespace {
 
-/// A transformer-like model of `tensors` parameters: blocks of 12 tensors (4 matrices, 8 vectors), one step per block
+/// A transformer-like model of `tensors` parameters: blocks of 12 tensors (4 matrices, 8 vectors), one pass per block
 /// forward and backward, activations growing through forward.
 model_profile synthetic_model(std::size_t tensors) {
   std::mt19937_64 rng(42);
@@ -19,20 +19,20 @@ model_profile synthetic_model(std::size_t tensors) {
   model.name = "synthetic";
   for (std::uint32_t i = 0; i < tensors; ++i)
     model.tensors.push_back({"t", i % 3 == 0 ? matrix(rng) : vector(rng), dtype::bf16, tensor_role::parameter, i == 0});
-  std::vector<profile_step> forward;
+  std::vector<profile_pass> forward;
   for (std::uint32_t first = 0; first < tensors; first += 12) {
-    profile_step step{"block", step_kind::forward, {}, 0, 1'000'000'000'000};
+    profile_pass pass{"block", pass_kind::forward, {}, 0, 1'000'000'000'000};
     for (std::uint32_t i = first; i < std::min<std::uint32_t>(first + 12, static_cast<std::uint32_t>(tensors)); ++i)
-      step.tensors.push_back(i);
-    step.activation_bytes = (forward.size() + 1) * 64 * MiB;
-    forward.push_back(step);
+      pass.tensors.push_back(i);
+    pass.activation_bytes = (forward.size() + 1) * 64 * MiB;
+    forward.push_back(pass);
   }
-  model.steps = forward;
+  model.passes = forward;
   for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
-    auto step = *it;
-    step.kind = step_kind::backward;
-    step.flops *= 2;
-    model.steps.push_back(step);
+    auto pass = *it;
+    pass.kind = pass_kind::backward;
+    pass.flops *= 2;
+    model.passes.push_back(pass);
   }
   return model;
 }

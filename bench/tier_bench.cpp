@@ -201,7 +201,7 @@ void BM_nvme_cache_overlap(benchmark::State& state) {
       store.write(homes.back(), buffer, chunk);
     }
     pinned.deallocate_sync(buffer, chunk, 4096);
-    const std::vector<std::uint32_t> step{0, 1, 2, 3, 4, 5};  // a forward pass: every access a fetch
+    const std::vector<std::uint32_t> step{0, 1, 2, 3, 4, 5};  // six layers forward: every access a fetch
     device_cache<engine_type, emulated_device_tier> cache(engine, device, homes, step,
                                                       {.blocks = 3, .chunk_bytes = chunk, .prefetch_depth = 2});
     double sink = 0;

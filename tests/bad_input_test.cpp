@@ -1,7 +1,7 @@
 // The README's table "Bad input and what it produces", row by row: each case feeds the bad input to the public API
 // and asserts the error code and the key words of the message the table promises, so the README and the code
 // cannot drift apart. The part tests check the same errors in more detail; this file is the one place that mirrors
-// the table, in its order. Keep the two in step: a new row here is a new row there.
+// the table, in its order. Keep the two in sync: a new row here is a new row there.
 #include <chunkwise/collective.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/core.hpp>
@@ -78,8 +78,8 @@ model_profile tiny_model() {
   model_profile m;
   m.name = "tiny";
   m.tensors = {{"a", 10}, {"b", 20, dtype::bf16}, {"c", 30, dtype::fp16}};
-  m.steps = {{"l0", step_kind::forward, {0, 1}, 100}, {"l1", step_kind::forward, {2}, 200},
-             {"l1", step_kind::backward, {2, 0}, 300}};
+  m.passes = {{"l0", pass_kind::forward, {0, 1}, 100}, {"l1", pass_kind::forward, {2}, 200},
+              {"l1", pass_kind::backward, {2, 0}, 300}};
   return m;
 }
 
@@ -93,8 +93,8 @@ model_profile runtime_model(const char* name = "two-layer") {
   model_profile m;
   m.name = name;
   m.tensors = {{"w0", 3000}, {"w1", 5000}};
-  m.steps = {{"l0", step_kind::forward, {0}, 0}, {"l1", step_kind::forward, {1}, 0},
-             {"l1", step_kind::backward, {1}, 0}, {"l0", step_kind::backward, {0}, 0}};
+  m.passes = {{"l0", pass_kind::forward, {0}, 0}, {"l1", pass_kind::forward, {1}, 0},
+              {"l1", pass_kind::backward, {1}, 0}, {"l0", pass_kind::backward, {0}, 0}};
   return m;
 }
 
@@ -109,7 +109,7 @@ struct run_options {
   std::string load_from{};
 };
 
-/// One training iteration on `ranks` thread ranks, rank r under plan_of(r) (an index into runtime_plans): every step
+/// One training iteration on `ranks` thread ranks, rank r under plan_of(r) (an index into runtime_plans): every pass
 /// in backward adds 1 to the gradients of the tensors it touches. Returns each rank's error, or null.
 std::vector<std::exception_ptr> train(int ranks, const run_options& run, const std::function<std::size_t(int)>& plan_of) {
   thread_world world(ranks, 5000ms);
@@ -125,10 +125,10 @@ std::vector<std::exception_ptr> train(int ranks, const run_options& run, const s
           }, run.runtime);
           if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
           rt.zero_grad();
-          for (std::size_t i = 0; i < run.model.steps.size(); ++i) {
+          for (std::size_t i = 0; i < run.model.passes.size(); ++i) {
             rt.acquire(i);
-            if (run.model.steps[i].kind == step_kind::backward)
-              for (const auto t : run.model.steps[i].tensors)
+            if (run.model.passes[i].kind == pass_kind::backward)
+              for (const auto t : run.model.passes[i].tensors)
                 for (float& g : rt.gradient(t)) g += 1.0f;
             rt.release(i);
           }
@@ -164,23 +164,23 @@ TEST_CASE("a tensor with zero elements") {
   check_error([&] { validate(model); }, error_code::invalid_profile, {"tensor #1 'b' has zero elements"});
 }
 
-TEST_CASE("a step that names a tensor that does not exist") {
+TEST_CASE("a pass that names a tensor that does not exist") {
   auto model = tiny_model();
-  model.steps[1].tensors.push_back(7);
+  model.passes[1].tensors.push_back(7);
   check_error([&] { validate(model); }, error_code::invalid_profile,
-              {"step #1", "touches tensor #7", "the profile has 3 tensors"});
+              {"pass #1", "touches tensor #7", "the profile has 3 tensors"});
   auto document = to_json(tiny_model());
-  document["steps"][2]["tensors"][1] = 9;
+  document["passes"][2]["tensors"][1] = 9;
   check_error([&] { (void)model_profile_from_json(document, "p.json"); }, error_code::parse_error,
-              {"p.json.steps[2].tensors[1]", "tensor index 9 is out of range", "the profile has 3 tensors"});
+              {"p.json.passes[2].tensors[1]", "tensor index 9 is out of range", "the profile has 3 tensors"});
 }
 
 TEST_CASE("tensors not in first-use order") {
   auto model = tiny_model();
-  model.steps[0].tensors = {0, 2};
-  model.steps[1].tensors = {1};
+  model.passes[0].tensors = {0, 2};
+  model.passes[1].tensors = {1};
   check_error([&] { validate(model); }, error_code::invalid_profile,
-              {"tensor #2 'c' is first used (step #0) before tensor #1 'b'", "sort_by_first_use"});
+              {"tensor #2 'c' is first used (pass #0) before tensor #1 'b'", "sort_by_first_use"});
   CHECK_NOTHROW(validate(sort_by_first_use(model)));
 }
 
@@ -448,6 +448,9 @@ TEST_CASE("an optimizer state file that is truncated, corrupted or of another ki
   check_error(load(corrupted), error_code::parse_error, {"load_state: checksum mismatch", "the file is corrupt"});
   check_error(load(bytes, optim::optimizer_kind::sgd_momentum), error_code::parse_error,
               {"the file holds optimizer kind", "the chunk expects sgd_momentum"});
+  const std::string version_1 = std::string("CWOPTST\0\x01\0\0\0", 12) + bytes.substr(12);  // the format before 3
+  check_error(load(version_1), error_code::parse_error,
+              {"load_state: it is in format version 1", "this build reads format version 3 only"});
   temp_dir dir;
   check_error([&] { (void)optim::load_state(dir.path() / "missing.bin", chunk, optim::optimizer_kind::adam); },
               error_code::io_error, {"load_state: cannot open", "missing.bin"});
@@ -474,6 +477,10 @@ TEST_CASE("a runtime checkpoint that is corrupted or truncated") {
       CHECK(t.lacks({"checkpoint '" + file.string() + "' is corrupted or truncated"}) == "");
     }
   }
+  write_file_atomically(file, "CHKWCK02" + good.substr(8));  // a rank file of the runtime's format before 3
+  for (const auto& e : train(2, {.load_from = dir.path().string()}, zero2))
+    check_error([&] { std::rethrow_exception(e); }, error_code::parse_error,
+                {"checkpoint '" + file.string() + "': it is in format version 2", "this build reads format version 3 only"});
   std::filesystem::remove(file);
   for (const auto& e : train(2, {.load_from = dir.path().string()}, zero2))
     check_error([&] { std::rethrow_exception(e); }, error_code::io_error,

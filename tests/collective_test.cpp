@@ -171,3 +171,9 @@ TEST_CASE("binding hybrid to a world its group does not divide says so") {
     CHECK_THROWS_WITH_AS(hybrid<2>::bind(comm), doctest::Contains("world of 3 ranks into groups of 2"), error);
   });
 }
+
+// ---- the collective_strategy contract (tests/contracts/collective_strategy_contract.hpp), 1, 2 and 4 thread ranks ----
+#include "contracts/collective_strategy_contract.hpp"
+
+TEST_CASE_TEMPLATE_APPLY(collective_strategy_contract,
+                         std::tuple<replicated, shard_grads, sharded, hybrid<1>, hybrid<2>, hybrid<4>>);

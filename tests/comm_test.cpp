@@ -267,3 +267,23 @@ TEST_CASE("random sequences of collectives with random delays give the reference
   });
   CHECK(mismatches == 0);
 }
+
+// ---- the communicator contract (tests/contracts/communicator_contract.hpp) on 1, 2 and 3 thread ranks ----
+#include "contracts/communicator_contract.hpp"
+
+namespace {
+template <int Ranks>
+struct thread_ranks {
+  using comm_type = thread_comm;
+  template <class Body>
+  static void run(Body body) {
+    thread_world world(Ranks, 5000ms);
+    run_ranks(Ranks, [&](int rank) {
+      auto comm = world.comm(rank);
+      body(comm);
+    });
+  }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE_APPLY(communicator_contract, std::tuple<thread_ranks<1>, thread_ranks<2>, thread_ranks<3>>);

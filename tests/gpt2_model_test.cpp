@@ -73,7 +73,7 @@ std::filesystem::path temp_file(const std::string& name, const std::string& cont
 
 }  // namespace
 
-TEST_CASE("the model's tensors, steps and saved activations are the analytic profile's") {
+TEST_CASE("the model's tensors, passes and saved activations are the analytic profile's") {
   for (auto config : {tiny_config(), gpt2::model_config{}}) {
     const auto profile = chunkwise::gpt2_profile(gpt2::profile_config(config));
     const auto tensors = gpt2::parameter_tensors(config);
@@ -91,21 +91,21 @@ TEST_CASE("the model's tensors, steps and saved activations are the analytic pro
     }
     CHECK(sum == config.parameter_count());
 
-    // The step functions take the tensors the profile's steps list, in that order.
-    const auto& steps = profile.steps;
-    REQUIRE(steps.size() == 2 * config.layers + 4);
-    CHECK(steps.front().tensors == std::vector<std::uint32_t>{gpt2::wte_index, gpt2::wpe_index});
+    // The pass functions take the tensors the profile's passes list, in that order.
+    const auto& passes = profile.passes;
+    REQUIRE(passes.size() == 2 * config.layers + 4);
+    CHECK(passes.front().tensors == std::vector<std::uint32_t>{gpt2::wte_index, gpt2::wpe_index});
     for (std::size_t l = 0; l < config.layers; ++l)
       for (std::size_t t = 0; t < gpt2::layer_tensor_count; ++t)
-        CHECK(steps[1 + l].tensors[t] == gpt2::layer_tensor_index(l, static_cast<gpt2::layer_tensor>(t)));
+        CHECK(passes[1 + l].tensors[t] == gpt2::layer_tensor_index(l, static_cast<gpt2::layer_tensor>(t)));
     const std::vector<std::uint32_t> head{static_cast<std::uint32_t>(gpt2::ln_f_weight_index(config)),
                                           static_cast<std::uint32_t>(gpt2::ln_f_bias_index(config)),
                                           gpt2::wte_index};
-    CHECK(steps[1 + config.layers].tensors == head);
+    CHECK(passes[1 + config.layers].tensors == head);
 
-    // What forward keeps is what the profile counts at the head's forward step (fp32: 4 bytes each).
+    // What forward keeps is what the profile counts at the head's forward pass (fp32: 4 bytes each).
     const gpt2::activations<float> acts(config);
-    CHECK(4 * acts.saved_elements() == steps[1 + config.layers].activation_bytes);
+    CHECK(4 * acts.saved_elements() == passes[1 + config.layers].activation_bytes);
   }
   CHECK(tiny_config().parameter_count() == 256 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
 }
@@ -311,8 +311,8 @@ TEST_CASE("training is deterministic: two runs, and runs on one or more threads,
 }
 
 // What the chunkwise trainer does: every tensor in memory of its own (here one vector each, as chunks would hand
-// out pointers), the step functions called one by one with only their tensors' pointers.
-TEST_CASE("the step functions on separate per-tensor buffers train bit for bit as the reference trainer") {
+// out pointers), the pass functions called one by one with only their tensors' pointers.
+TEST_CASE("the pass functions on separate per-tensor buffers train bit for bit as the reference trainer") {
   const omp_threads one_thread(1);
   const auto config = tiny_config();
   const std::uint64_t seed = 8;

@@ -64,13 +64,13 @@ model_profile random_model(std::mt19937_64& rng, std::size_t count, std::uint64_
   model.name = "random";
   std::uniform_int_distribution<std::uint64_t> elements(1, max_elements);
   std::uniform_int_distribution<int> type(0, 2), tie(0, 15);
-  profile_step step{"all", step_kind::forward, {}, 0};
+  profile_pass pass{"all", pass_kind::forward, {}, 0};
   for (std::uint32_t i = 0; i < count; ++i) {
     const dtype types[] = {dtype::fp32, dtype::bf16, dtype::fp16};
     model.tensors.push_back({"t", elements(rng), types[type(rng)], tensor_role::parameter, tie(rng) == 0});
-    step.tensors.push_back(i);
+    pass.tensors.push_back(i);
   }
-  model.steps.push_back(step);
+  model.passes.push_back(pass);
   return model;
 }
 
@@ -78,7 +78,7 @@ model_profile random_model(std::mt19937_64& rng, std::size_t count, std::uint64_
 layout::chunk_size_search brute_force(const model_profile& model, const layout_options& options,
                                       layout::chunk_size_search range) {
   range.waste = ~byte_count{0};
-  for (byte_count s = range.lowest; s <= range.highest; s += range.step) {
+  for (byte_count s = range.lowest; s <= range.highest; s += range.granule) {
     const auto summary = layout::detail::pack(model, s, options).summary();
     if (summary.waste < range.waste) {
       range.best = s;
@@ -129,7 +129,8 @@ TEST_CASE("min_waste never wastes more than fixed chunks of a size in its range"
     const layout_options options{ranks, 256};
     const auto best = layout::min_waste<>::summarize(model, options);
     const auto range = layout::min_waste_range(model, options, 64 * MiB, 32 * MiB, 0);
-    for (byte_count s = range.lowest; s <= range.highest; s += (range.highest - range.lowest) / 7 / range.step * range.step)
+    const byte_count stride = (range.highest - range.lowest) / 7 / range.granule * range.granule;
+    for (byte_count s = range.lowest; s <= range.highest; s += stride)
       CHECK(best.waste <= layout::detail::pack(model, s, options).summary().waste);
     CHECK(best.waste <= layout::fixed<256 * MiB>::summarize(model, options).waste);
   }
@@ -169,7 +170,7 @@ TEST_CASE("fixed chunks round up to whole aligned shards and pack next-fit") {
   model_profile model;
   model.name = "three";
   model.tensors = {{"a", 100}, {"b", 100}, {"c", 100}};  // 400 bytes each in fp32
-  model.steps = {{"s", step_kind::forward, {0, 1, 2}, 0}};
+  model.passes = {{"s", pass_kind::forward, {0, 1, 2}, 0}};
   const auto map = layout::fixed<1000>::build(model, {.ranks = 2, .alignment = 256});
   // 1000 rounds up to 1024; a at 0, b at 512 (aligned), c does not fit (1024 + 400 > 1024) -> second chunk.
   REQUIRE(map.chunks.size() == 2);
@@ -238,3 +239,11 @@ TEST_CASE("layout options whose granule would exceed 1 TiB are rejected instead 
   CHECK_THROWS_AS(layout::min_waste<>::search(model, {.ranks = 1024, .alignment = 2 * GiB}), error);
   CHECK_NOTHROW(validate(layout_options{.ranks = 1024, .alignment = 1 * GiB}));  // exactly 1 TiB
 }
+
+// ---- the chunk_layout contract (tests/contracts/chunk_layout_contract.hpp) for every layout policy ----
+#include "contracts/chunk_layout_contract.hpp"
+
+TEST_CASE_TEMPLATE_APPLY(chunk_layout_contract,
+                         std::tuple<layout::fixed<>, layout::fixed<4 * KiB>, layout::fixed<1000>, layout::per_tensor,
+                                    layout::min_waste<>, layout::min_waste<16 * KiB, 0>,
+                                    layout::min_waste<8 * KiB, 1 * KiB, 6 * KiB>>);

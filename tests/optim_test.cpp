@@ -434,7 +434,8 @@ TEST_CASE("optimizer state survives a save and load round trip, and damaged file
   std::stringstream file;
   save_state(file, a.view(), optimizer_kind::adam, 42);
   const std::string bytes = file.str();
-  CHECK(bytes.size() == 64 + 3 * 1234 * 4);
+  CHECK(bytes.size() == 136 + 3 * 1234 * 4);  // header: 64-byte prefix, 24-byte identity, 3 16-byte piece entries
+  CHECK(bytes.size() == state_file_bytes(1234, optimizer_kind::adam));
 
   owned_chunk b(1234, 61);
   std::istringstream in(bytes);
@@ -465,11 +466,15 @@ TEST_CASE("optimizer state survives a save and load round trip, and damaged file
   std::string step = bytes;
   step[24] ^= 1;  // the header is checksummed too
   CHECK_THROWS_WITH_AS(load_damaged(step), doctest::Contains("checksum"), error);
+  std::string version_1("CWOPTST\0\x01\0\0\0", 12);  // the optimizer state's own format before the shared one
+  version_1 += bytes.substr(12);
+  CHECK_THROWS_WITH_AS(load_damaged(version_1), doctest::Contains("format version 1"), error);
+  CHECK_THROWS_WITH_AS(load_damaged(version_1), doctest::Contains("this build reads format version 3"), error);
 
   // Through a file, for SGD with momentum (master + one buffer).
   const auto path = std::filesystem::temp_directory_path() / "chunkwise_optim_state_test.bin";
   save_state(path, a.view(), optimizer_kind::sgd_momentum, 7);
-  CHECK(std::filesystem::file_size(path) == 64 + 2 * 1234 * 4);
+  CHECK(std::filesystem::file_size(path) == 120 + 2 * 1234 * 4);
   owned_chunk c(1234, 71);
   CHECK(load_state(path, c.view(), optimizer_kind::sgd_momentum) == 7);
   CHECK(std::memcmp(a.m1.data() + 1, c.m1.data() + 1, 1234 * 4) == 0);
@@ -478,8 +483,8 @@ TEST_CASE("optimizer state survives a save and load round trip, and damaged file
                        error);
 }
 
-TEST_CASE("optimizers can share the caller's thread pool") {
-  thread_pool pool(2);
+TEST_CASE("optimizers can share the caller's worker threads") {
+  worker_threads pool(1);  // and the caller: 2 threads
   cpu_adam adam(adamw_config(), {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
   cpu_sgd sgd({}, {.threads = 1, .isa = cpu_isa::best, .tile_elements = 1024, .pool = &pool});
   CHECK(adam.threads() == 2);
@@ -491,9 +496,9 @@ TEST_CASE("optimizers can share the caller's thread pool") {
   sgd.step(a.view(), {1e-3f, 1, 1.0f});
 }
 
-TEST_CASE("the thread pool runs every task exactly once, for any task count") {
-  thread_pool pool(3);
-  CHECK(pool.size() == 3);
+TEST_CASE("worker threads run every parallel_for task exactly once, for any task count") {
+  worker_threads pool(2);
+  CHECK(pool.parallel_width() == 3);
   for (const std::size_t tasks : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{1000}}) {
     std::vector<int> hits(tasks, 0);
     pool.parallel_for(tasks, [&](std::size_t i) noexcept { ++hits[i]; });
@@ -526,3 +531,33 @@ TEST_CASE_TEMPLATE("a chunk_optimizer steps several chunks in one call exactly a
   CHECK_THROWS_AS(together.step(both, {1e-2f, 0, 1.0f}), error);
   CHECK(Optimizer::state_arrays >= 1);
 }
+
+// ---- the chunk_optimizer contract (tests/contracts/chunk_optimizer_contract.hpp) for every CPU optimizer ----
+#include "contracts/chunk_optimizer_contract.hpp"
+
+namespace chunkwise::test {
+// Tiles of 256 elements, so that the longer chunks are cut into several and threads share them.
+template <>
+struct optimizer_factory<cpu_adam> {
+  static std::unique_ptr<cpu_adam> make(const adam_config& config, unsigned threads) {
+    return std::make_unique<cpu_adam>(config,
+                                      cpu_options{.threads = threads, .isa = cpu_isa::best, .tile_elements = 256});
+  }
+  static std::vector<adam_config> configs() {
+    return {adam_config{}, adamw_config(0.1f), adam_config{0.8f, 0.95f, 1e-6f, 0.05f, weight_decay_mode::l2}};
+  }
+};
+template <>
+struct optimizer_factory<cpu_sgd> {
+  static std::unique_ptr<cpu_sgd> make(const sgd_config& config, unsigned threads) {
+    return std::make_unique<cpu_sgd>(config,
+                                      cpu_options{.threads = threads, .isa = cpu_isa::best, .tile_elements = 256});
+  }
+  static std::vector<sgd_config> configs() {
+    return {sgd_config{}, sgd_config{0.9f, 0.0f, 0.01f, false}, sgd_config{0.9f, 0.0f, 0.0f, true},
+            sgd_config{0.5f, 0.25f, 0.01f, false}};
+  }
+};
+}  // namespace chunkwise::test
+
+TEST_CASE_TEMPLATE_APPLY(chunk_optimizer_contract, std::tuple<cpu_adam, cpu_sgd>);

@@ -89,23 +89,23 @@ TEST_CASE("on one rank a plan that fits unsharded is never predicted slower than
 }
 
 namespace {
-/// Brute force over every inner knob: every chunk-size candidate, every block count, every offload fraction step.
+/// Brute force over every inner knob: every chunk-size candidate, every block count, every offload fraction point.
 template <class Plan>
-double brute_force_step(const model_profile& model, const machine_profile& machine) {
-  using candidates = detail::layout_candidates<typename Plan::layout>;
+double brute_force_step_time(const model_profile& model, const machine_profile& machine) {
+  using candidates = layout_candidates<typename Plan::layout>;
   using placement = typename Plan::placement;
   using execution = typename Plan::optimizer_execution;
   double best = 1e300;
   const layout_options options{machine.devices, plan_alignment};
   for (std::size_t c = 0; c < candidates::count; ++c) {
-    if (!candidates::fits(model, options, c)) continue;
+    if (!candidates::can_pack(model, options, c)) continue;
     const auto map = candidates::build(model, options, c);
     const auto trace = detail::trace_chunks(model, map);
     const auto shares = detail::shares_of<typename Plan::collective>(model, map.summary(), static_cast<int>(machine.devices));
     const std::uint64_t n = map.chunks.size();
     const bool searched = execution::min_offload_fraction < execution::max_offload_fraction;
-    for (int step = 0; step <= (searched ? 8 : 0); ++step) {
-      const double fraction = searched ? step / 8.0 : execution::min_offload_fraction;
+    for (int point = 0; point <= (searched ? 8 : 0); ++point) {
+      const double fraction = searched ? point / 8.0 : execution::min_offload_fraction;
       for (std::uint64_t blocks = 1; blocks <= n; ++blocks) {
         if (!placement::uses_device_cache && blocks != n) continue;
         const std::uint64_t resident = placement::resident_chunks(n, blocks);
@@ -133,7 +133,7 @@ TEST_CASE("the inner-knob search equals brute force on small cases") {
       const auto machine = describe_machine({.gpus = gpus, .gpu_memory = memory, .host_memory = 64 * GiB});
       const auto plans = evaluate<default_plans>(model, machine);
       const auto brute = [&]<std::size_t... I>(std::index_sequence<I...>) {
-        return std::array<double, default_plans::size>{brute_force_step<default_plans::at<I>>(model, machine)...};
+        return std::array<double, default_plans::size>{brute_force_step_time<default_plans::at<I>>(model, machine)...};
       }(std::make_index_sequence<default_plans::size>{});
       for (std::size_t i = 0; i < plans.size(); ++i) {
         CAPTURE(memory);
@@ -150,29 +150,29 @@ TEST_CASE("the inner-knob search equals brute force on small cases") {
   }
 }
 
-TEST_CASE("the chunk cache never fetches more with more blocks, and reports a step that cannot fit") {
-  // A random trace of steps over 6 chunks; next-use eviction's fetch count is non-increasing in the block count.
+TEST_CASE("the chunk cache never fetches more with more blocks, and reports a pass that cannot fit") {
+  // A random trace of passes over 6 chunks; next-use eviction's fetch count is non-increasing in the block count.
   std::mt19937 rng(3);
   for (int trial = 0; trial < 200; ++trial) {
     detail::chunk_trace trace;
     for (int s = 0; s < 12; ++s) {
-      std::vector<std::uint32_t> step;
+      std::vector<std::uint32_t> pass;
       const int width = 1 + static_cast<int>(rng() % 2);
-      while (static_cast<int>(step.size()) < width) {
+      while (static_cast<int>(pass.size()) < width) {
         const auto c = static_cast<std::uint32_t>(rng() % 6);
-        if (std::find(step.begin(), step.end(), c) == step.end()) step.push_back(c);
+        if (std::find(pass.begin(), pass.end(), c) == pass.end()) pass.push_back(c);
       }
-      trace.widest_step = std::max<std::uint64_t>(trace.widest_step, step.size());
-      trace.steps.push_back(step);
+      trace.widest_pass = std::max<std::uint64_t>(trace.widest_pass, pass.size());
+      trace.passes.push_back(pass);
     }
     std::uint64_t previous = ~std::uint64_t{0};
-    for (std::uint64_t blocks = trace.widest_step; blocks <= 6; ++blocks) {
+    for (std::uint64_t blocks = trace.widest_pass; blocks <= 6; ++blocks) {
       const auto fetches = detail::count_fetches(trace, 0, blocks);
       REQUIRE(fetches <= previous);
       previous = fetches;
     }
     CHECK(detail::count_fetches(trace, 0, 6) <= 6);  // every chunk once at most when all fit
-    if (trace.widest_step > 1) CHECK(detail::count_fetches(trace, 0, 1) == ~std::uint64_t{0});  // a step cannot fit
+    if (trace.widest_pass > 1) CHECK(detail::count_fetches(trace, 0, 1) == ~std::uint64_t{0});  // a pass cannot fit
   }
 }
 

@@ -26,8 +26,8 @@ model_profile tiny_model() {
   model_profile m;
   m.name = "tiny";
   m.tensors = {{"a", 10}, {"b", 20, dtype::bf16}, {"c", 30, dtype::fp16, tensor_role::parameter, true}};
-  m.steps = {{"l0", step_kind::forward, {0, 1}, 100}, {"l1", step_kind::forward, {2}, 200},
-             {"l1", step_kind::backward, {2, 0}, 300}};
+  m.passes = {{"l0", pass_kind::forward, {0, 1}, 100}, {"l1", pass_kind::forward, {2}, 200},
+              {"l1", pass_kind::backward, {2, 0}, 300}};
   return m;
 }
 }  // namespace
@@ -39,7 +39,7 @@ TEST_CASE("the GPT-2 profile lists its tensors in first-use order with the tied 
     CHECK_NOTHROW(validate(model));
     CHECK(model.parameter_count() == config.parameter_count());
     CHECK(model.tensors.size() == 2 + 12 * config.layers + 2);
-    CHECK(model.steps.size() == 2 * config.layers + 4);
+    CHECK(model.passes.size() == 2 * config.layers + 4);
     CHECK(model.tensors[0].name.view() == "wte");
     CHECK(model.tensors[0].tied);
     std::size_t tied = 0;
@@ -49,22 +49,22 @@ TEST_CASE("the GPT-2 profile lists its tensors in first-use order with the tied 
   }
 }
 
-TEST_CASE("the GPT-2 steps run forward then backward in mirror order, touching the head's tied embedding") {
+TEST_CASE("the GPT-2 passes run forward then backward in mirror order, touching the head's tied embedding") {
   const auto model = gpt2_profile(gpt2_124m);
-  const auto& steps = model.steps;
-  CHECK(steps.front().label.view() == "embed");
-  CHECK(steps[1].label.view() == "h.0");
-  CHECK(steps[1].tensors.size() == 12);
-  CHECK(model.tensors[steps[1].tensors[2]].name.view() == "h.0.attn.c_attn.weight");
-  CHECK(model.tensors[steps[1].tensors[2]].elements == 768u * 3 * 768);
-  CHECK(steps[13].label.view() == "head");
-  CHECK(steps[13].tensors.back() == 0);  // LM head = wte
-  CHECK(steps[14].kind == step_kind::backward);
-  CHECK(steps[15].label.view() == "h.11");
-  CHECK(steps.back().label.view() == "embed");
-  CHECK(steps.back().kind == step_kind::backward);
+  const auto& passes = model.passes;
+  CHECK(passes.front().label.view() == "embed");
+  CHECK(passes[1].label.view() == "h.0");
+  CHECK(passes[1].tensors.size() == 12);
+  CHECK(model.tensors[passes[1].tensors[2]].name.view() == "h.0.attn.c_attn.weight");
+  CHECK(model.tensors[passes[1].tensors[2]].elements == 768u * 3 * 768);
+  CHECK(passes[13].label.view() == "head");
+  CHECK(passes[13].tensors.back() == 0);  // LM head = wte
+  CHECK(passes[14].kind == pass_kind::backward);
+  CHECK(passes[15].label.view() == "h.11");
+  CHECK(passes.back().label.view() == "embed");
+  CHECK(passes.back().kind == pass_kind::backward);
   for (std::size_t layer = 0; layer < 12; ++layer)
-    CHECK(steps[15 + layer].tensors == steps[12 - layer].tensors);
+    CHECK(passes[15 + layer].tensors == passes[12 - layer].tensors);
   CHECK(model.access_order().size() == 2 + 12 * 12 + 3 + 3 + 12 * 12 + 2);
 }
 
@@ -75,12 +75,12 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count and peak in the head's ba
   const std::uint64_t embed = B * T * C * 4;
   const std::uint64_t layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
   const std::uint64_t head = (B * T * (C + 2) + 2 * B * T * V + B * T) * 4;
-  CHECK(model.steps[0].activation_bytes == embed);
-  CHECK(model.steps[1].activation_bytes == embed + layer);
-  CHECK(model.steps[12].activation_bytes == embed + 12 * layer);
-  CHECK(model.steps[13].activation_bytes == embed + 12 * layer + head);
+  CHECK(model.passes[0].activation_bytes == embed);
+  CHECK(model.passes[1].activation_bytes == embed + layer);
+  CHECK(model.passes[12].activation_bytes == embed + 12 * layer);
+  CHECK(model.passes[13].activation_bytes == embed + 12 * layer + head);
   CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + B * T * V * 4);
-  CHECK(model.steps[14].activation_bytes == model.peak_activation_bytes());
+  CHECK(model.passes[14].activation_bytes == model.peak_activation_bytes());
   // bf16 halves every byte count.
   auto half = config;
   half.type = dtype::bf16;
@@ -110,27 +110,27 @@ TEST_CASE("validate rejects empty models, empty tensors, bad indices and tensors
   CHECK_THROWS_WITH_AS(validate(zero), doctest::Contains("tensor #1 'b' has zero elements"), error);
 
   auto bad_index = tiny_model();
-  bad_index.steps[1].tensors.push_back(7);
+  bad_index.passes[1].tensors.push_back(7);
   CHECK_THROWS_WITH_AS(validate(bad_index), doctest::Contains("touches tensor #7 but the profile has 3 tensors"), error);
 
   auto out_of_order = tiny_model();
-  out_of_order.steps[0].tensors = {0, 2};
-  out_of_order.steps[1].tensors = {1};
-  CHECK_THROWS_WITH_AS(validate(out_of_order), doctest::Contains("tensor #2 'c' is first used (step #0) before tensor #1 'b'"),
+  out_of_order.passes[0].tensors = {0, 2};
+  out_of_order.passes[1].tensors = {1};
+  CHECK_THROWS_WITH_AS(validate(out_of_order), doctest::Contains("tensor #2 'c' is first used (pass #0) before tensor #1 'b'"),
                        error);
   const auto sorted = sort_by_first_use(out_of_order);
   CHECK_NOTHROW(validate(sorted));
   CHECK(sorted.tensors[1].name.view() == "c");
   CHECK(sorted.tensors[2].name.view() == "b");
-  CHECK(sorted.steps[0].tensors == std::vector<std::uint32_t>{0, 1});
-  CHECK(sorted.steps[1].tensors == std::vector<std::uint32_t>{2});
+  CHECK(sorted.passes[0].tensors == std::vector<std::uint32_t>{0, 1});
+  CHECK(sorted.passes[1].tensors == std::vector<std::uint32_t>{2});
 
-  auto same_step_any_order = tiny_model();
-  same_step_any_order.steps[0].tensors = {1, 0, 1};
-  CHECK_NOTHROW(validate(same_step_any_order));
+  auto same_pass_any_order = tiny_model();
+  same_pass_any_order.passes[0].tensors = {1, 0, 1};
+  CHECK_NOTHROW(validate(same_pass_any_order));
 
   auto untouched_in_middle = tiny_model();
-  untouched_in_middle.steps = {{"l0", step_kind::forward, {0, 2}, 1}};
+  untouched_in_middle.passes = {{"l0", pass_kind::forward, {0, 2}, 1}};
   CHECK_THROWS_AS(validate(untouched_in_middle), error);
 }
 
@@ -149,12 +149,12 @@ TEST_CASE("a profile survives a JSON round trip through an atomically written fi
       CHECK(loaded.tensors[i].role == model.tensors[i].role);
       CHECK(loaded.tensors[i].tied == model.tensors[i].tied);
     }
-    REQUIRE(loaded.steps.size() == model.steps.size());
-    for (std::size_t i = 0; i < model.steps.size(); ++i) {
-      CHECK(loaded.steps[i].label == model.steps[i].label);
-      CHECK(loaded.steps[i].kind == model.steps[i].kind);
-      CHECK(loaded.steps[i].tensors == model.steps[i].tensors);
-      CHECK(loaded.steps[i].activation_bytes == model.steps[i].activation_bytes);
+    REQUIRE(loaded.passes.size() == model.passes.size());
+    for (std::size_t i = 0; i < model.passes.size(); ++i) {
+      CHECK(loaded.passes[i].label == model.passes[i].label);
+      CHECK(loaded.passes[i].kind == model.passes[i].kind);
+      CHECK(loaded.passes[i].tensors == model.passes[i].tensors);
+      CHECK(loaded.passes[i].activation_bytes == model.passes[i].activation_bytes);
     }
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       CHECK(entry.path().filename() == "profile.json");  // no temporary left behind
@@ -179,13 +179,13 @@ TEST_CASE("JSON profile errors name the field and its path") {
                        doctest::Contains("p.json.tensors[2].dtype: unknown dtype \"fp8\""), error);
   CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"][2]["role"] = "weights"; }),
                        doctest::Contains("p.json.tensors[2].role: unknown role"), error);
-  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["steps"][2]["tensors"][1] = 9; }),
-                       doctest::Contains("p.json.steps[2].tensors[1]: tensor index 9 is out of range"), error);
-  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["steps"][0]["kind"] = "sideways"; }),
-                       doctest::Contains("p.json.steps[0].kind: expected \"forward\" or \"backward\""), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["passes"][2]["tensors"][1] = 9; }),
+                       doctest::Contains("p.json.passes[2].tensors[1]: tensor index 9 is out of range"), error);
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["passes"][0]["kind"] = "sideways"; }),
+                       doctest::Contains("p.json.passes[0].kind: expected \"forward\" or \"backward\""), error);
   CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["version"] = 2; }),
                        doctest::Contains("p.json.version: version 2 is not supported"), error);
-  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d.erase("steps"); }), doctest::Contains("p.json.steps: missing field"),
+  CHECK_THROWS_WITH_AS(load_with([](auto& d) { d.erase("passes"); }), doctest::Contains("p.json.passes: missing field"),
                        error);
   CHECK_THROWS_WITH_AS(load_with([](auto& d) { d["tensors"] = nlohmann::json::object(); }),
                        doctest::Contains("p.json.tensors: expected an array, found object"), error);
@@ -197,6 +197,48 @@ TEST_CASE("JSON profile errors name the field and its path") {
   const auto loaded = load_with([](auto& d) { d["tensors"][0].erase("role"); d["tensors"][0].erase("tied"); });
   CHECK(loaded.tensors[0].role == tensor_role::parameter);
   CHECK_FALSE(loaded.tensors[0].tied);
+}
+
+// Profiles written before layer passes were called passes hold them under "steps"; such files keep loading.
+TEST_CASE("a profile file written with the old \"steps\" key loads, and saving writes \"passes\"") {
+  const auto dir = temp_dir();
+  const auto old_file = dir / "old.json";
+  std::ofstream(old_file) << R"({"format": "chunkwise.model_profile", "version": 1, "name": "tiny",
+    "tensors": [{"name": "a", "elements": 10, "dtype": "fp32"},
+                {"name": "b", "elements": 20, "dtype": "bf16"},
+                {"name": "c", "elements": 30, "dtype": "fp16", "role": "parameter", "tied": true}],
+    "steps": [{"label": "l0", "kind": "forward", "tensors": [0, 1], "activation_bytes": 100},
+              {"label": "l1", "kind": "forward", "tensors": [2], "activation_bytes": 200, "flops": 7},
+              {"label": "l1", "kind": "backward", "tensors": [2, 0], "activation_bytes": 300}]})";
+  const auto loaded = load_model_profile(old_file);
+  const auto expected = tiny_model();
+  REQUIRE(loaded.passes.size() == expected.passes.size());
+  for (std::size_t i = 0; i < expected.passes.size(); ++i) {
+    CHECK(loaded.passes[i].label == expected.passes[i].label);
+    CHECK(loaded.passes[i].kind == expected.passes[i].kind);
+    CHECK(loaded.passes[i].tensors == expected.passes[i].tensors);
+    CHECK(loaded.passes[i].activation_bytes == expected.passes[i].activation_bytes);
+  }
+  CHECK(loaded.passes[1].flops == 7);
+  CHECK(loaded.tensors[2].tied);
+
+  // Saving writes the new key only.
+  const auto json = to_json(loaded);
+  CHECK(json.contains("passes"));
+  CHECK_FALSE(json.contains("steps"));
+
+  // Errors in an old file name the key the file holds; a file with both keys is ambiguous.
+  auto old_document = json;
+  old_document["steps"] = old_document["passes"];
+  old_document.erase("passes");
+  old_document["steps"][2]["tensors"][1] = 9;
+  CHECK_THROWS_WITH_AS(model_profile_from_json(old_document, "old.json"),
+                       doctest::Contains("old.json.steps[2].tensors[1]: tensor index 9 is out of range"), error);
+  auto both = json;
+  both["steps"] = both["passes"];
+  CHECK_THROWS_WITH_AS(model_profile_from_json(both, "both.json"),
+                       doctest::Contains("both.json.steps: found both \"passes\" and its old name \"steps\""), error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("unreadable or malformed profile files are errors that name the file") {
@@ -260,43 +302,43 @@ model_profile trace_gpt2(const gpt2_config& config) {
       layers[l].push_back(
           trace.register_tensor(("h." + std::to_string(l) + "." + suffixes[i]).c_str(), sizes[i], fp));
 
-  trace.begin_step("embed", step_kind::forward);
+  trace.begin_pass("embed", pass_kind::forward);
   trace.touch(wte);
   trace.touch(wpe);
   const auto encoded = trace.allocate_activation(B * T * C * e);
-  trace.end_step();
+  trace.end_pass();
   std::vector<activation_handle> saved;
   for (std::uint32_t l = 0; l < config.layers; ++l) {
-    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::forward);
+    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::forward);
     for (const auto t : layers[l]) trace.touch(t);
     saved.push_back(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
-    trace.end_step();
+    trace.end_pass();
   }
-  trace.begin_step("head", step_kind::forward);
+  trace.begin_pass("head", pass_kind::forward);
   trace.touch(ln_f_w);
   trace.touch(ln_f_b);
   trace.touch(wte);
   const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * e);
-  trace.end_step();
+  trace.end_pass();
 
-  trace.begin_step("head", step_kind::backward);
+  trace.begin_pass("head", pass_kind::backward);
   for (const auto t : {ln_f_w, ln_f_b, wte}) trace.touch(t);
   trace.free_activation(trace.allocate_activation(B * T * V * e));  // dlogits
   trace.free_activation(head);
-  trace.end_step();
+  trace.end_pass();
   for (std::uint32_t l = config.layers; l-- > 0;) {
-    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::backward);
+    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::backward);
     for (const auto t : layers[l]) trace.touch(t);
     trace.free_activation(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
     trace.free_activation(saved[l]);
-    trace.end_step();
+    trace.end_pass();
   }
-  trace.begin_step("embed", step_kind::backward);
+  trace.begin_pass("embed", pass_kind::backward);
   trace.touch(wte);
   trace.touch(wpe);
   trace.free_activation(trace.allocate_activation(B * T * C * e));
   trace.free_activation(encoded);
-  trace.end_step();
+  trace.end_pass();
   CHECK(trace.live_activation_bytes() == 0);
   return trace.profile();
 }
@@ -312,13 +354,13 @@ TEST_CASE("a traced GPT-2 loop gives the same profile as the analytic one") {
       CHECK(traced.tensors[i].elements == analytic.tensors[i].elements);
       CHECK(traced.tensors[i].tied == analytic.tensors[i].tied);
     }
-    REQUIRE(traced.steps.size() == analytic.steps.size());
-    for (std::size_t s = 0; s < analytic.steps.size(); ++s) {
+    REQUIRE(traced.passes.size() == analytic.passes.size());
+    for (std::size_t s = 0; s < analytic.passes.size(); ++s) {
       CAPTURE(s);
-      CHECK(traced.steps[s].label == analytic.steps[s].label);
-      CHECK(traced.steps[s].kind == analytic.steps[s].kind);
-      CHECK(traced.steps[s].tensors == analytic.steps[s].tensors);
-      CHECK(traced.steps[s].activation_bytes == analytic.steps[s].activation_bytes);
+      CHECK(traced.passes[s].label == analytic.passes[s].label);
+      CHECK(traced.passes[s].kind == analytic.passes[s].kind);
+      CHECK(traced.passes[s].tensors == analytic.passes[s].tensors);
+      CHECK(traced.passes[s].activation_bytes == analytic.passes[s].activation_bytes);
     }
   }
 }
@@ -326,12 +368,12 @@ TEST_CASE("a traced GPT-2 loop gives the same profile as the analytic one") {
 TEST_CASE("the tracer rejects calls out of order with a message that says what to call") {
   tracer trace("t");
   const auto a = trace.register_tensor("a", 4);
-  CHECK_THROWS_WITH_AS(trace.touch(a), doctest::Contains("touch outside a step; call begin_step first"), error);
+  CHECK_THROWS_WITH_AS(trace.touch(a), doctest::Contains("touch outside a pass; call begin_pass first"), error);
   CHECK_THROWS_WITH_AS(trace.register_tensor("a", 4), doctest::Contains("'a' registered twice"), error);
   CHECK_THROWS_WITH_AS(trace.register_tensor("z", 0), doctest::Contains("'z' has zero elements"), error);
-  trace.begin_step("s", step_kind::forward);
-  CHECK_THROWS_WITH_AS(trace.begin_step("s2", step_kind::forward), doctest::Contains("still open"), error);
-  CHECK_THROWS_WITH_AS(trace.register_tensor("b", 4), doctest::Contains("before the first step"), error);
+  trace.begin_pass("s", pass_kind::forward);
+  CHECK_THROWS_WITH_AS(trace.begin_pass("s2", pass_kind::forward), doctest::Contains("still open"), error);
+  CHECK_THROWS_WITH_AS(trace.register_tensor("b", 4), doctest::Contains("before the first pass"), error);
   CHECK_THROWS_WITH_AS(trace.touch(tensor_handle{5}), doctest::Contains("only 1 tensors are registered"), error);
   CHECK_THROWS_WITH_AS(trace.profile(), doctest::Contains("is open"), error);
   trace.touch(a);
@@ -339,10 +381,10 @@ TEST_CASE("the tracer rejects calls out of order with a message that says what t
   const auto act = trace.allocate_activation(100);
   trace.free_activation(act);
   CHECK_THROWS_WITH_AS(trace.free_activation(act), doctest::Contains("not allocated"), error);
-  trace.end_step();
+  trace.end_pass();
   const auto profile = trace.profile();
-  CHECK(profile.steps[0].tensors == std::vector<std::uint32_t>{0});
-  CHECK(profile.steps[0].activation_bytes == 100);
+  CHECK(profile.passes[0].tensors == std::vector<std::uint32_t>{0});
+  CHECK(profile.passes[0].activation_bytes == 100);
 }
 
 TEST_CASE("GPT-2 FLOPs are 6 per parameter per token plus attention, as llm.c counts them") {
@@ -398,14 +440,14 @@ TEST_CASE("flash attention drops the score matrices and recompute keeps only lay
   const std::uint64_t flash_layer = (B * T * (18 * C + 4) + B * H * T) * 4;
   config.flash_attention = true;
   auto model = gpt2_profile(config);
-  CHECK(model.steps[1].activation_bytes == B * T * C * 4 + flash_layer);
+  CHECK(model.passes[1].activation_bytes == B * T * C * 4 + flash_layer);
   config.recompute = true;
   model = gpt2_profile(config);
   // Forward of layer 2: embed + three saved inputs + layer 2's own activations while it runs.
-  CHECK(model.steps[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + flash_layer);
+  CHECK(model.passes[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + flash_layer);
   // Backward of layer 11: everything saved, its recomputed activations and their gradients.
-  CHECK(model.steps[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + 2 * flash_layer);
-  CHECK(model.steps[15].flops == 3 * model.steps[12].flops);
+  CHECK(model.passes[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + 2 * flash_layer);
+  CHECK(model.passes[15].flops == 3 * model.passes[12].flops);
   CHECK(gpt2_profile(gpt2_124m).peak_activation_bytes() > model.peak_activation_bytes() + L * (full_layer - B * T * C * 4) / 2);
   CHECK(gpt_20b.recompute);
   CHECK(gpt_20b.type == dtype::bf16);

@@ -105,9 +105,9 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
           rt.zero_grad();
           for (int m = 0; m < micro; ++m) {
             const std::size_t at = static_cast<std::size_t>(r * micro + m) * window;
-            for (std::size_t i = 0; i < model.steps.size(); ++i) {
+            for (std::size_t i = 0; i < model.passes.size(); ++i) {
               const auto in_use = rt.use(i);
-              gpt2::run_profile_step(rt, model.steps[i], config, acts, tokens[static_cast<std::size_t>(s)].data() + at,
+              gpt2::run_profile_pass(rt, model.passes[i], config, acts, tokens[static_cast<std::size_t>(s)].data() + at,
                                      targets[static_cast<std::size_t>(s)].data() + at);
             }
           }
@@ -147,7 +147,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
   return {result, statistics};
 }
 
-/// The plain trainer (no chunkwise): each rank's micro-batches through the same step functions, accumulating its own
+/// The plain trainer (no chunkwise): each rank's micro-batches through the same pass functions, accumulating its own
 /// gradients, then averaged as the communicator does (fp32 sums in rank order, divided once; hybrid<G>: the mean over groups of
 /// the group means), then the same AdamW.
 std::vector<std::vector<float>> reference(int ranks, int group = 0, int micro_batches = 1) {
@@ -264,11 +264,11 @@ TEST_CASE("the trainer's dry run against the tracer gives the analytic GPT-2 pro
       CHECK(traced.tensors[t].elements == analytic.tensors[t].elements);
       CHECK(traced.tensors[t].tied == analytic.tensors[t].tied);
     }
-    REQUIRE(traced.steps.size() == analytic.steps.size());
-    for (std::size_t s = 0; s < traced.steps.size(); ++s) {
-      CHECK(traced.steps[s].tensors == analytic.steps[s].tensors);
-      CHECK(traced.steps[s].activation_bytes == analytic.steps[s].activation_bytes);
-      CHECK(traced.steps[s].flops == analytic.steps[s].flops);
+    REQUIRE(traced.passes.size() == analytic.passes.size());
+    for (std::size_t s = 0; s < traced.passes.size(); ++s) {
+      CHECK(traced.passes[s].tensors == analytic.passes[s].tensors);
+      CHECK(traced.passes[s].activation_bytes == analytic.passes[s].activation_bytes);
+      CHECK(traced.passes[s].flops == analytic.passes[s].flops);
     }
   }
 }
@@ -449,7 +449,7 @@ TEST_CASE("split keeps the first chunks resident and streams the rest") {
   CHECK(two.bytes_home_to_device < many.bytes_home_to_device);  // more resident chunks, fewer moves
 }
 
-TEST_CASE("too few device blocks for a step's chunks is refused with the count that works") {
+TEST_CASE("too few device blocks for a pass's chunks is refused with the count that works") {
   using per_tensor_streamed = plan<layout::per_tensor, cached<space::pinned_host>, sharded, optimizer_follows_home>;
   CHECK_THROWS_WITH_AS(train<per_tensor_streamed>(1, {.steps = 1, .device_blocks = 3}),
                        doctest::Contains("streamed chunks at once; use at least"), error);
@@ -492,7 +492,7 @@ TEST_CASE("grad_ready is refused where it cannot be meant") {
                                                {.handover = gradient_handover::explicit_calls});
   explicit_rt.grad_ready(1);
   CHECK_THROWS_WITH_AS(explicit_rt.grad_ready(1), doctest::Contains("already handed over"), error);
-  CHECK_THROWS_WITH_AS(explicit_rt.gradient(0), doctest::Contains("outside a backward step"), error);
+  CHECK_THROWS_WITH_AS(explicit_rt.gradient(0), doctest::Contains("outside a backward pass"), error);
 }
 
 // default_plans' placement, collective and optimizer policies, with the layout scaled to the tiny model (its

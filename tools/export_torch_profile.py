@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Export a chunkwise model profile (format "chunkwise.model_profile", version 1) from a PyTorch module.
 
-Runs one forward and backward pass of the module on an example batch and records, per module that holds
-parameters, in execution order:
-  - a forward step and a backward step touching the module's own parameters, plus those of its submodules that did not
+Runs the module forward and backward once on an example batch (one training step without the update) and records,
+per module that holds parameters, in execution order:
+  - a forward pass and a backward pass touching the module's own parameters, plus those of its submodules that did not
     run as modules (nn.MultiheadAttention uses out_proj's weight directly); a parameter used by several modules, such as
     a tied embedding, is touched by each and marked "tied";
   - the activation bytes alive: bytes autograd saves for backward (counted once per storage through
-    saved_tensors_hooks) accumulated over the forward, released module by module in backward, plus the step's own
+    saved_tensors_hooks) accumulated over the forward, released module by module in backward, plus the pass's own
     saved bytes while it runs;
-  - FLOPs of the forward from torch.utils.flop_counter; a backward step counts twice its forward.
-Parameters are listed in first-use order, as chunkwise requires.
+  - FLOPs of the forward from torch.utils.flop_counter; a backward pass counts twice its forward.
+Parameters are listed in first-use order, as chunkwise requires. The passes go under "passes" (chunkwise also reads
+the older key "steps").
 
 Use as a library:   profile = export_profile(module, example_args, loss_fn); json.dump(profile, f)
 or from the shell:  python tools/export_torch_profile.py --demo out.json   (a small GPT with a tied head)
@@ -39,10 +40,10 @@ def export_profile(module, example_args, loss_fn, name="torch-model"):
     for _, m in leaves:
         for p in m.parameters(recurse=False):
             users[id(p)] = users.get(id(p), 0) + 1
-    forward_params = {}  # module label -> parameter ids its steps touch
+    forward_params = {}  # module label -> parameter ids its passes touch
     touched = set()
 
-    events = []  # (kind, label, param ids, saved bytes during the step, flops)
+    events = []  # (kind, label, param ids, saved bytes during the pass, flops)
     saved_by_module = {}
     state = {"saved": 0, "stack": [], "seen": set()}  # stack: labels of the modules running, innermost last
 
@@ -119,24 +120,24 @@ def export_profile(module, example_args, loss_fn, name="torch-model"):
         tensors.append({"name": param_names[pid][:95], "elements": p.numel(), "dtype": DTYPES[p.dtype],
                         "role": "parameter", "tied": users[pid] > 1})
 
-    steps, released = [], 0
+    passes, released = [], 0
     total_saved = state["saved"]
     for kind, label, pids, saved in events:
         own = saved_by_module.get(label, 0)
         flops = flops_by_module.get(label, 0)
         if kind == "forward":
-            alive, step_flops = saved, flops
+            alive, pass_flops = saved, flops
         else:
-            alive = total_saved - released + own  # what is still saved, plus the gradients of this step's activations
+            alive = total_saved - released + own  # what is still saved, plus the gradients of this pass's activations
             released += own
-            step_flops = 2 * flops
+            pass_flops = 2 * flops
         unique = []
         for pid in pids:
             if index[pid] not in unique:
                 unique.append(index[pid])
-        steps.append({"label": label[:95], "kind": kind, "tensors": unique, "activation_bytes": int(alive),
-                      "flops": int(step_flops)})
-    return {"format": "chunkwise.model_profile", "version": 1, "name": name[:95], "tensors": tensors, "steps": steps}
+        passes.append({"label": label[:95], "kind": kind, "tensors": unique, "activation_bytes": int(alive),
+                       "flops": int(pass_flops)})
+    return {"format": "chunkwise.model_profile", "version": 1, "name": name[:95], "tensors": tensors, "passes": passes}
 
 
 class TinyGPT(torch.nn.Module):
@@ -177,7 +178,7 @@ def main(argv):
     _, profile = demo_profile()
     with open(args.demo, "w") as f:
         json.dump(profile, f, indent=1)
-    print(f"wrote {args.demo}: {len(profile['tensors'])} tensors, {len(profile['steps'])} steps")
+    print(f"wrote {args.demo}: {len(profile['tensors'])} tensors, {len(profile['passes'])} passes")
 
 
 if __name__ == "__main__":

@@ -40,12 +40,12 @@ def main():
     assert sum(t["elements"] for t in profile["tensors"]) == n_params, "parameter count differs from torch"
     assert [t["name"] for t in profile["tensors"]][:2] == ["wte.weight", "wpe.weight"], "not in first-use order"
     assert [t["tied"] for t in profile["tensors"]].count(True) == 1, "the tied head/embedding is not marked tied"
-    kinds = [s["kind"] for s in profile["steps"]]
-    assert kinds.count("forward") == kinds.count("backward"), "every forward step needs its backward"
-    head = [s for s in profile["steps"] if s["label"] == "head" and s["kind"] == "forward"][0]
+    kinds = [s["kind"] for s in profile["passes"]]
+    assert kinds.count("forward") == kinds.count("backward"), "every forward pass needs its backward"
+    head = [s for s in profile["passes"] if s["label"] == "head" and s["kind"] == "forward"][0]
     assert head["tensors"] == [0], "the head must touch the tied embedding"
     assert head["flops"] == 2 * 2 * 64 * 64 * 256, f"head FLOPs {head['flops']}"
-    peak = max(s["activation_bytes"] for s in profile["steps"])
+    peak = max(s["activation_bytes"] for s in profile["passes"])
     assert peak > 0, "no activation bytes recorded"
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +64,7 @@ def main():
             json.dump(profile, f)
         out = subprocess.run([plan_binary, "--profile", path], capture_output=True, text=True)
         assert out.returncode == 2 and "tensors[3].elements: expected an unsigned integer" in out.stderr, out.stderr
-    print(f"torch export ok: {len(profile['tensors'])} tensors, {len(profile['steps'])} steps, {n_params} parameters")
+    print(f"torch export ok: {len(profile['tensors'])} tensors, {len(profile['passes'])} passes, {n_params} parameters")
 
 
 if __name__ == "__main__":

@@ -224,10 +224,10 @@ void print_tables(const model_profile& model, const machine_profile& machine, co
   const std::uint32_t ranks = machine.devices;
   std::size_t tied = 0;
   for (const auto& t : model.tensors) tied += t.tied ? 1 : 0;
-  std::printf("model %s: %zu tensors (%zu tied), %llu parameters, %s; %zu steps, peak activations %s per rank\n",
+  std::printf("model %s: %zu tensors (%zu tied), %llu parameters, %s; %zu passes, peak activations %s per rank\n",
               model.name.str().c_str(), model.tensors.size(), tied,
               static_cast<unsigned long long>(model.parameter_count()), format_bytes(model.tensor_bytes()).c_str(),
-              model.steps.size(), format_bytes(model.peak_activation_bytes()).c_str());
+              model.passes.size(), format_bytes(model.peak_activation_bytes()).c_str());
   std::printf("largest tensor %s; %.1f GFLOP per step and rank\n", format_bytes(model.largest_tensor_bytes()).c_str(),
               static_cast<double>(model.total_flops()) / 1e9);
   std::printf("machine %s: %u x %s device memory, %s host memory, %s NVMe\n\n", machine.name.str().c_str(),

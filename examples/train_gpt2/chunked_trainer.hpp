@@ -1,6 +1,6 @@
 #pragma once
 // What the chunkwise trainer adds to the model maths: its dry run against chunkwise's tracer (the model profile),
-// one profiled step on chunk memory (the same step functions the reference trainer calls), and the plans it can run.
+// one profiled pass on chunk memory (the same pass functions the reference trainer calls), and the plans it can run.
 #include <chunkwise/collective.hpp>
 #include <chunkwise/layout.hpp>
 #include <chunkwise/placement.hpp>
@@ -45,7 +45,7 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>>;
 
-/// The model profile from a dry run of the training loop against the tracer: the same registrations and step order
+/// The model profile from a dry run of the training loop against the tracer: the same registrations and pass order
 /// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.
 inline chunkwise::model_profile trace_profile(const model_config& config) {
   using namespace chunkwise;
@@ -63,53 +63,53 @@ inline chunkwise::model_profile trace_profile(const model_config& config) {
       trace.touch(handles[layer_tensor_index(l, static_cast<layer_tensor>(t))]);
   };
   const auto lnf_w = handles[ln_f_weight_index(config)], lnf_b = handles[ln_f_bias_index(config)];
-  trace.begin_step("embed", step_kind::forward);
+  trace.begin_pass("embed", pass_kind::forward);
   trace.touch(handles[wte_index]);
   trace.touch(handles[wpe_index]);
   const auto encoded = trace.allocate_activation(B * T * C * f);
-  trace.end_step();
+  trace.end_pass();
   std::vector<activation_handle> saved;
   for (std::size_t l = 0; l < config.layers; ++l) {
-    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::forward);
+    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::forward);
     touch_layer(l);
     saved.push_back(trace.allocate_activation(layer_bytes));
     trace.add_flops(layer_flops);
-    trace.end_step();
+    trace.end_pass();
   }
-  trace.begin_step("head", step_kind::forward);
+  trace.begin_pass("head", pass_kind::forward);
   for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
   const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * f);
   trace.add_flops(head_flops);
-  trace.end_step();
-  trace.begin_step("head", step_kind::backward);
+  trace.end_pass();
+  trace.begin_pass("head", pass_kind::backward);
   for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
   trace.free_activation(trace.allocate_activation(B * T * V * f));
   trace.free_activation(head);
   trace.add_flops(2 * head_flops);
-  trace.end_step();
+  trace.end_pass();
   for (std::size_t l = config.layers; l-- > 0;) {
-    trace.begin_step(("h." + std::to_string(l)).c_str(), step_kind::backward);
+    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::backward);
     touch_layer(l);
     trace.free_activation(trace.allocate_activation(layer_bytes));
     trace.free_activation(saved[l]);
     trace.add_flops(2 * layer_flops);
-    trace.end_step();
+    trace.end_pass();
   }
-  trace.begin_step("embed", step_kind::backward);
+  trace.begin_pass("embed", pass_kind::backward);
   trace.touch(handles[wte_index]);
   trace.touch(handles[wpe_index]);
   trace.free_activation(trace.allocate_activation(B * T * C * f));
   trace.free_activation(encoded);
-  trace.end_step();
+  trace.end_pass();
   return trace.profile();
 }
 
-/// The FLOP/s the model's step functions reach on this machine with `ranks` thread ranks computing at once: each rank
+/// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
 /// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch, and the
 /// profile's FLOPs per iteration are divided by the slowest rank's median iteration (a median, so a burst of other
 /// work on the machine does not set the rate). The cost model's compute rate for this trainer (a generic GEMM
 /// benchmark overstates naive loops several times).
-inline double measure_step_flops(const model_config& config, const chunkwise::model_profile& model, int ranks,
+inline double measure_pass_flops(const model_config& config, const chunkwise::model_profile& model, int ranks,
                                  int iterations = 7) {
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0.0);
   std::vector<std::thread> threads;
@@ -121,16 +121,16 @@ inline double measure_step_flops(const model_config& config, const chunkwise::mo
         tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % config.vocab);
         targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
       }
-      const auto pass = [&] {
+      const auto forward_backward = [&] {
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());
         trainer.backward(tokens.data(), targets.data());
       };
-      pass();
+      forward_backward();
       std::vector<double> times;
       for (int i = 0; i < iterations; ++i) {
         const auto start = std::chrono::steady_clock::now();
-        pass();
+        forward_backward();
         times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
@@ -148,14 +148,14 @@ inline std::function<void(std::uint32_t, std::span<float>)> initializer(const mo
   };
 }
 
-/// One profiled step (embed, h.<l> or head; forward or backward) on the runtime's chunk memory.
+/// One profiled pass (embed, h.<l> or head; forward or backward) on the runtime's chunk memory.
 template <class Runtime>
-float run_profile_step(Runtime& rt, const chunkwise::profile_step& step, const model_config& config,
+float run_profile_pass(Runtime& rt, const chunkwise::profile_pass& pass, const model_config& config,
                        activations<float>& acts, const int* tokens, const int* targets) {
   const auto p = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
   const auto g = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
-  const std::string label(step.label.view());
-  const bool forward = step.kind == chunkwise::step_kind::forward;
+  const std::string label(pass.label.view());
+  const bool forward = pass.kind == chunkwise::pass_kind::forward;
   const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
   if (label == "embed") {
     if (forward) embed_forward<float>(p(wte_index), p(wpe_index), tokens, acts);
@@ -173,7 +173,7 @@ float run_profile_step(Runtime& rt, const chunkwise::profile_step& step, const m
   for (std::size_t t = 0; t < layer_tensor_count; ++t) {
     const auto index = layer_tensor_index(layer, static_cast<layer_tensor>(t));
     params.tensor[t] = p(index);
-    if (!forward) grads.tensor[t] = g(index);  // gradients exist in backward steps only
+    if (!forward) grads.tensor[t] = g(index);  // gradients exist in backward passes only
   }
   if (forward) layer_forward<float>(layer, params, acts);
   else layer_backward<float>(layer, params, grads, acts);

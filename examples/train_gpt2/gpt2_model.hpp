@@ -5,8 +5,8 @@
 // only where the iterations write disjoint outputs, so results are bit-identical for any thread count (compiled
 // without OpenMP, the pragmas are ignored).
 //
-// The model is organised BY STEP, exactly as chunkwise's analytic profile (chunkwise/profile/gpt2.hpp) lists the
-// steps of one iteration:
+// The model is organised BY PASS, exactly as chunkwise's analytic profile (chunkwise/profile/gpt2.hpp) lists the
+// passes of one training step:
 //
 //   forward:   embed_forward   (wte, wpe)
 //              layer_forward   (the layer's 12 tensors)            for l = 0 .. L-1
@@ -15,9 +15,9 @@
 //              layer_backward  (the layer's 12 tensors and their gradients)   for l = L-1 .. 0
 //              embed_backward  (gradients of wte, wpe)
 //
-// A step receives only the pointers of the parameter tensors it touches (and of their gradients), plus the
+// A pass receives only the pointers of the parameter tensors it touches (and of their gradients), plus the
 // activations, which the trainer owns (`activations`, allocated once for (B, T), as llm.c does). So a trainer that
-// keeps parameters in chunk memory hands each step the pointers it acquired for it, and runs the very same maths as
+// keeps parameters in chunk memory hands each pass the pointers it acquired for it, and runs the very same maths as
 // the plain reference trainer (reference_trainer.hpp).
 //
 // Conventions, as llm.c:
@@ -26,7 +26,7 @@
 //     mlp c_proj.weight C*4C.
 //   - Parameter gradients ACCUMULATE (+=): the caller zeroes them before backward. So the tied wte receives both
 //     the head's contribution (head_backward) and the embedding's (embed_backward).
-//   - Activation gradients are scratch: each backward step zeroes the ones it writes, so the steps need nothing
+//   - Activation gradients are scratch: each backward pass zeroes the ones it writes, so the passes need nothing
 //     from the caller but the order above.
 // Every function is a template over the element type `Real`: the trainers use float (fp32, as the profile's
 // dtype::fp32); the gradient test uses double, so central finite differences can check the maths tightly.
@@ -153,14 +153,14 @@ inline std::vector<parameter_tensor> parameter_tensors(const model_config& confi
   return tensors;
 }
 
-/// The pointers one layer step reads: its 12 parameter tensors, indexed by layer_tensor.
+/// The pointers one layer pass reads: its 12 parameter tensors, indexed by layer_tensor.
 template <class Real>
 struct layer_params {
   std::array<const Real*, layer_tensor_count> tensor{};
   const Real* operator[](layer_tensor t) const noexcept { return tensor[t]; }
 };
 
-/// The pointers one layer's backward step accumulates into: the gradients of its 12 tensors.
+/// The pointers one layer's backward pass accumulates into: the gradients of its 12 tensors.
 template <class Real>
 struct layer_grads {
   std::array<Real*, layer_tensor_count> tensor{};
@@ -226,7 +226,7 @@ struct activations {
 
   // Backward: gradients of the mean loss with respect to activations.
   std::vector<Real> dresidual;  // (L + 1, B, T, C): slice l = d(input of layer l), slice L = d(output of layer L-1)
-  // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward step).
+  // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
   std::vector<Real> dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
   std::vector<Real> dlnf, dlogits;  // the head's
 };
@@ -566,16 +566,16 @@ void zero(std::vector<Real>& buffer) {
 }  // namespace kernels
 
 // ----------------------------------------------------------------------------------------------------------------
-// Forward steps
+// Forward passes
 
-/// Step "embed": acts.encoded = wte[tokens] + wpe. tokens: (B, T) token ids in [0, V).
+/// Pass "embed": acts.encoded = wte[tokens] + wpe. tokens: (B, T) token ids in [0, V).
 template <class Real>
 void embed_forward(const Real* wte, const Real* wpe, const int* tokens, activations<Real>& acts) {
   kernels::check_tokens(tokens, acts.B * acts.T, acts.V, "tokens");
   kernels::encoder_forward(acts.encoded.data(), tokens, wte, wpe, acts.B, acts.T, acts.C);
 }
 
-/// Step "h.<layer>": one transformer block on the residual stream (acts.encoded for layer 0, else the output of
+/// Pass "h.<layer>": one transformer block on the residual stream (acts.encoded for layer 0, else the output of
 /// layer - 1), writing the layer's slice of every per-layer activation.
 template <class Real>
 void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<Real>& acts) {
@@ -612,7 +612,7 @@ void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<R
   residual_forward(residual3, residual2, fcproj, BTC);
 }
 
-/// Step "head": final LayerNorm, logits = lnf @ wte^T (the tied LM head), softmax, cross-entropy against targets
+/// Pass "head": final LayerNorm, logits = lnf @ wte^T (the tied LM head), softmax, cross-entropy against targets
 /// (B, T). Returns the mean loss over the B*T positions (summed in double).
 template <class Real>
 Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wte, const int* targets,
@@ -632,9 +632,9 @@ Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wt
 }
 
 // ----------------------------------------------------------------------------------------------------------------
-// Backward steps (after the forward steps of the same batch; gradients of parameters accumulate)
+// Backward passes (after the forward passes of the same batch; gradients of parameters accumulate)
 
-/// Step "head", backward: from the mean loss back to acts.dresidual's slice L; accumulates into the gradients of
+/// Pass "head", backward: from the mean loss back to acts.dresidual's slice L; accumulates into the gradients of
 /// ln_f.weight, ln_f.bias and wte (the head's share of the tied embedding).
 template <class Real>
 void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight, Real* d_ln_f_bias, Real* d_wte,
@@ -656,7 +656,7 @@ void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight
                      acts.lnf_mean.data(), acts.lnf_rstd.data(), B, T, C);
 }
 
-/// Step "h.<layer>", backward: from acts.dresidual's slice layer + 1 (the gradient of the layer's output) to slice
+/// Pass "h.<layer>", backward: from acts.dresidual's slice layer + 1 (the gradient of the layer's output) to slice
 /// layer (its input); accumulates into the layer's 12 gradients.
 template <class Real>
 void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_grads<Real>& g,
@@ -705,7 +705,7 @@ void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_
                      ln1_rstd, B, T, C);
 }
 
-/// Step "embed", backward: accumulates acts.dresidual's slice 0 into the gradients of wte (the embedding's share
+/// Pass "embed", backward: accumulates acts.dresidual's slice 0 into the gradients of wte (the embedding's share
 /// of the tied tensor) and wpe.
 template <class Real>
 void embed_backward(Real* d_wte, Real* d_wpe, const int* tokens, activations<Real>& acts) {

@@ -1,7 +1,7 @@
 #pragma once
 // The plain GPT-2 trainer: every parameter, gradient and AdamW moment in ordinary memory, one flat vector each,
 // tensors in the profile's order. It is the yardstick the chunkwise trainer is held to: both initialise with
-// init_parameter, both run the step functions of gpt2_model.hpp in the profile's order, and both update with the
+// init_parameter, both run the pass functions of gpt2_model.hpp in the profile's order, and both update with the
 // same AdamW element formula, so on one rank in fp32 they must agree (DESIGN.md: within 1e-6 relative).
 //
 // One training step (train_step):
@@ -116,7 +116,7 @@ class basic_reference_trainer {
     return loss;
   }
 
-  /// Every forward step; the mean loss against targets. Also what evaluation runs.
+  /// Every forward pass; the mean loss against targets. Also what evaluation runs.
   Real forward(const int* tokens, const int* targets) {
     embed_forward(parameter_data(wte_index), parameter_data(wpe_index), tokens, acts_);
     for (std::size_t l = 0; l < config_.layers; ++l) layer_forward(l, layer_parameters(l), acts_);
@@ -124,7 +124,7 @@ class basic_reference_trainer {
                         parameter_data(wte_index), targets, acts_);
   }
 
-  /// Every backward step, after forward on the same tokens and targets; gradients accumulate.
+  /// Every backward pass, after forward on the same tokens and targets; gradients accumulate.
   void backward(const int* tokens, const int* targets) {
     head_backward(parameter_data(ln_f_weight_index(config_)), parameter_data(wte_index),
                   gradient_data(ln_f_weight_index(config_)), gradient_data(ln_f_bias_index(config_)),

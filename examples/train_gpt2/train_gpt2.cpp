@@ -149,12 +149,12 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         };
         const auto run = [&](bool backward) {
           float loss = 0;
-          for (std::size_t s = 0; s < model.steps.size(); ++s) {
-            if (!backward && model.steps[s].kind == step_kind::backward) break;
-            const auto in_use = rt.use(s);  // acquire now, release at the end of the iteration
-            const float step_loss =
-                gpt2::run_profile_step(rt, model.steps[s], config, acts, tokens.data() + first, targets.data() + first);
-            if (model.steps[s].label.view() == "head" && model.steps[s].kind == step_kind::forward) loss = step_loss;
+          for (std::size_t s = 0; s < model.passes.size(); ++s) {
+            if (!backward && model.passes[s].kind == pass_kind::backward) break;
+            const auto in_use = rt.use(s);  // acquire now, release at the end of this loop iteration
+            const float pass_loss =
+                gpt2::run_profile_pass(rt, model.passes[s], config, acts, tokens.data() + first, targets.data() + first);
+            if (model.passes[s].label.view() == "head" && model.passes[s].kind == pass_kind::forward) loss = pass_loss;
           }
           return loss;
         };
@@ -180,7 +180,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             std::fflush(stdout);
           }
           if (step % o.eval_every == 0 || step == o.steps) {
-            // Validation: the forward steps only, after the update (chunks go back to ready or released).
+            // Validation: the forward passes only, after the update (chunks go back to ready or released).
             comm.barrier().wait();
             if (r == 0) {
               validation_data.reset();
@@ -240,9 +240,9 @@ int main(int argc, char** argv) {
     }
     const model_profile model = gpt2::trace_profile(o.model);
     std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, context %zu, batch %zu per rank: %llu "
-                "parameters, %zu tensors, %zu steps (traced), %.3f GFLOP per step per rank\n",
+                "parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
                 o.model.layers, o.model.channels, o.model.heads, o.model.context, o.model.batch,
-                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.steps.size(),
+                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.passes.size(),
                 static_cast<double>(model.total_flops()) / 1e9);
     std::filesystem::path cache = o.measure_cache;
     if (cache.empty()) {
@@ -251,10 +251,10 @@ int main(int argc, char** argv) {
     }
     machine_profile machine = measure_or_load<host_backend>(
         cache, {.device_memory = o.device_budget, .ranks = static_cast<std::uint32_t>(o.ranks)});
-    // The compute rate of this trainer's own step functions, measured now (the profile's GEMM rate is a peak).
+    // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
-    machine.device_flops_per_second = gpt2::measure_step_flops(o.model, model, o.ranks);
-    std::printf("compute: the model's step functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n",
+    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, model, o.ranks);
+    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n",
                 machine.device_flops_per_second / 1e9, o.ranks, gemm_flops / 1e9);
     const auto plans = evaluate<gpt2::trainable_plans>(model, machine);
     std::size_t chosen = 0;

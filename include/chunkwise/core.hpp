@@ -1,7 +1,6 @@
 #pragma once
 // Core vocabulary: byte units, dtypes and their conversions, tensor specs, the error type and its checked-call family,
 // the one hash, the one checksum, the one checkpoint container, atomic files and the one worker-thread type.
-#include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/atomic_file.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/checked_call.hpp>

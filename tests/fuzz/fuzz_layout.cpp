@@ -21,7 +21,7 @@ constexpr dtype all_dtypes[] = {dtype::fp32, dtype::fp16, dtype::bf16, dtype::fp
                                 dtype::int32, dtype::int64, dtype::uint8};
 
 /// A tensor list from the input: mostly small tensors (so brute force stays cheap), sometimes up to 2^20 or any
-/// 64-bit element count; each may be tied; optionally one step in first-use order or one step per tensor.
+/// 64-bit element count; each may be tied; optionally one pass in first-use order or one pass per tensor.
 model_profile model_from(FuzzedDataProvider& input) {
   model_profile model;
   model.name = "fuzz";
@@ -41,14 +41,14 @@ model_profile model_from(FuzzedDataProvider& input) {
   }
   switch (input.ConsumeIntegralInRange(0, 2)) {
     case 1: {
-      profile_step all{"all", step_kind::forward, {}, 0};
+      profile_pass all{"all", pass_kind::forward, {}, 0};
       for (std::uint32_t i = 0; i < model.tensors.size(); ++i) all.tensors.push_back(i);
-      model.steps.push_back(all);
+      model.passes.push_back(all);
       break;
     }
     case 2:
       for (std::uint32_t i = 0; i < model.tensors.size(); ++i)
-        model.steps.push_back({"s" + std::to_string(i), step_kind::forward, {i}, 0});
+        model.passes.push_back({"s" + std::to_string(i), pass_kind::forward, {i}, 0});
       break;
     default: break;
   }
@@ -106,7 +106,7 @@ void check_map(const model_profile& model, const layout_options& options, const 
                        at + "summary disagrees with the chunks");
 }
 
-/// Runs a layout step; a chunkwise::error is allowed only when `may_fail`.
+/// Runs one layout call; a chunkwise::error is allowed only when `may_fail`.
 template <class Body>
 bool run(Body&& body, bool may_fail, const char* what) {
   const bool ok = fuzz::accepted(body, what);
@@ -149,8 +149,8 @@ byte_count next_fit_waste(const model_profile& model, const layout_options& opti
 void check_search(const model_profile& model, const layout_options& options, const layout::chunk_size_search& found,
                   byte_count max_chunk, const char* what) {
   const std::string at = std::string(what) + ": ";
-  CHUNKWISE_FUZZ_CHECK(found.step == options.granule(), at + "step is not the granule");
-  CHUNKWISE_FUZZ_CHECK(found.best >= found.lowest && found.best <= found.highest && found.best % found.step == 0,
+  CHUNKWISE_FUZZ_CHECK(found.granule == options.granule(), at + "granule is not the layout granule");
+  CHUNKWISE_FUZZ_CHECK(found.best >= found.lowest && found.best <= found.highest && found.best % found.granule == 0,
                        at + "best capacity " + std::to_string(found.best) + " is outside the grid");
   CHUNKWISE_FUZZ_CHECK(found.best >= model.largest_tensor_bytes(), at + "best capacity cannot hold the largest tensor");
   CHUNKWISE_FUZZ_CHECK(max_chunk == 0 || found.best <= max_chunk, at + "best capacity exceeds the maximum");
@@ -159,10 +159,10 @@ void check_search(const model_profile& model, const layout_options& options, con
   const auto summary = map.summary();
   CHUNKWISE_FUZZ_CHECK(summary.chunk_count == found.chunk_count && summary.waste == found.waste,
                        at + "reported chunk count or waste differs from the packed map");
-  if ((found.highest - found.lowest) / found.step >= 2000) return;
+  if ((found.highest - found.lowest) / found.granule >= 2000) return;
   byte_count best = 0, waste = ~byte_count{0};
-  for (byte_count j = 0; j <= (found.highest - found.lowest) / found.step; ++j) {
-    const byte_count s = found.lowest + j * found.step;
+  for (byte_count j = 0; j <= (found.highest - found.lowest) / found.granule; ++j) {
+    const byte_count s = found.lowest + j * found.granule;
     const auto w = next_fit_waste(model, options, s);
     if (w < waste) {
       waste = w;

@@ -23,13 +23,13 @@ void check_equal(const chunkwise::model_profile& a, const chunkwise::model_profi
                              x.tied == y.tied,
                          "tensor #" + std::to_string(i) + " differs after the round trip");
   }
-  CHUNKWISE_FUZZ_CHECK(a.steps.size() == b.steps.size(), "step count differs after the round trip");
-  for (std::size_t i = 0; i < a.steps.size(); ++i) {
-    const auto& x = a.steps[i];
-    const auto& y = b.steps[i];
+  CHUNKWISE_FUZZ_CHECK(a.passes.size() == b.passes.size(), "pass count differs after the round trip");
+  for (std::size_t i = 0; i < a.passes.size(); ++i) {
+    const auto& x = a.passes[i];
+    const auto& y = b.passes[i];
     CHUNKWISE_FUZZ_CHECK(x.label == y.label && x.kind == y.kind && x.tensors == y.tensors &&
                              x.activation_bytes == y.activation_bytes && x.flops == y.flops,
-                         "step #" + std::to_string(i) + " differs after the round trip");
+                         "pass #" + std::to_string(i) + " differs after the round trip");
   }
 }
 

@@ -1,6 +1,7 @@
 // Writes the seed corpus under tests/fuzz/corpus/ from the library itself:
 //   clang++ -std=c++20 -Iinclude tests/fuzz/make_seeds.cpp -o /tmp/make_seeds && /tmp/make_seeds tests/fuzz/corpus
-// Model seeds: GPT-2 124M and a small hand-made profile (defaults omitted, tied tensor, two steps).
+// Model seeds: GPT-2 124M, a small hand-made profile (defaults omitted, tied tensor, two passes) and the same small
+// profile with its passes under "steps", the key of files written before the rename (the loader still reads it).
 // Machine seeds: described machines and a host machine with multi-point collective curves.
 // Layout seeds: fixed pseudo-random byte strings (the layout target reads any bytes as a tensor list).
 // The regress_* seeds are not written here: they are inputs that found bugs, kept so every run replays them.
@@ -29,11 +30,15 @@ int main(int argc, char** argv) {
   const std::filesystem::path root = argc > 1 ? argv[1] : "tests/fuzz/corpus";
 
   write(root / "fuzz_model_profile" / "gpt2_124m.json", to_json(gpt2_profile(gpt2_124m)).dump());
-  write(root / "fuzz_model_profile" / "small.json", R"({"format":"chunkwise.model_profile","version":1,"name":"small",
+  const auto small = [](const char* passes_key) {
+    return std::string(R"({"format":"chunkwise.model_profile","version":1,"name":"small",
 "tensors":[{"name":"wte","elements":4096,"dtype":"bf16","tied":true},{"name":"w","elements":300,"dtype":"fp32"},
 {"name":"m","elements":300,"dtype":"fp32","role":"optimizer_state"},{"name":"g","elements":7,"dtype":"fp16","role":"gradient"}],
-"steps":[{"label":"embed","kind":"forward","tensors":[0,1],"activation_bytes":64,"flops":1000},
-{"label":"head","kind":"backward","tensors":[3,2,0],"activation_bytes":0}]})");
+")") + passes_key + R"(":[{"label":"embed","kind":"forward","tensors":[0,1],"activation_bytes":64,"flops":1000},
+{"label":"head","kind":"backward","tensors":[3,2,0],"activation_bytes":0}]})";
+  };
+  write(root / "fuzz_model_profile" / "small.json", small("passes"));
+  write(root / "fuzz_model_profile" / "small_old_steps_key.json", small("steps"));
 
   write(root / "fuzz_machine_profile" / "described.json", to_json(describe_machine({})).dump());
   write(root / "fuzz_machine_profile" / "described_4gpu_no_nvme.json",

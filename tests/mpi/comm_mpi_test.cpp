@@ -75,6 +75,32 @@ TEST_CASE_TEMPLATE("each strategy over 2 MPI processes trains to the single-rank
   check_strategy<Strategy, bf16>(w);
 }
 
+// ---- the communicator contract (tests/contracts/communicator_contract.hpp): over every process of the job, and
+// over a world of one (each process split off alone) ----
+#include "contracts/communicator_contract.hpp"
+
+namespace {
+struct mpi_world {
+  using comm_type = mpi_comm;
+  template <class Body>
+  static void run(Body body) {
+    mpi_comm comm;
+    body(comm);
+  }
+};
+struct mpi_alone {
+  using comm_type = mpi_comm;
+  template <class Body>
+  static void run(Body body) {
+    mpi_comm world;
+    auto alone = world.split(world.rank(), 0);
+    body(alone);
+  }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE_APPLY(communicator_contract, std::tuple<mpi_world, mpi_alone>);
+
 int main(int argc, char** argv) {
   mpi_environment mpi(argc, argv);
   int rank = 0;

@@ -13,7 +13,7 @@
 
 #include <concepts>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class B>
 concept backend = requires(B& b, typename B::stream_ref stream, const typename B::event_type& event, void* dst,

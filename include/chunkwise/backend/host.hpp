@@ -6,9 +6,10 @@
 #include <chunkwise/core/bytes.hpp>
 
 #include <cstring>
+#include <string>
 #include <memory>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// An ordered queue of work run by one worker thread (the host stand-in for cudaStream_t).
 class host_stream {
@@ -52,7 +53,13 @@ class host_backend {
   host_stream& h2d() noexcept { return h2d_; }
   host_stream& d2h() noexcept { return d2h_; }
 
+  /// Checked on the caller's thread: a null buffer would otherwise crash the stream's worker, far from the call.
   void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
+    if (bytes == 0) return;
+    if (dst == nullptr || src == nullptr)
+      throw_error(error_code::invalid_argument, std::string("host backend: copy_async of ") + std::to_string(bytes) +
+                                                    " bytes " + (dst == nullptr ? "to" : "from") +
+                                                    " a null buffer; give both buffers, or 0 bytes");
     stream.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
   host_event record(host_stream& stream) {

@@ -29,7 +29,7 @@
 #include <span>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class Strategy, communicator Comm>
 class chunk_collectives {

@@ -33,7 +33,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// Bytes one rank sends in one training step, by collective kind: bus bytes as nccl-tests count them, so that
 /// time = bytes / bus bandwidth of that kind. A ring all-gather or reduce-scatter of a buffer of B bytes sends

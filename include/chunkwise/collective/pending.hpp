@@ -6,7 +6,7 @@
 #include <array>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <communicator Comm>
 class pending {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct replicated {
   static constexpr std::string_view name = "replicated";

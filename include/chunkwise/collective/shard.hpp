@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline constexpr byte_count shard_alignment = 128;
 

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct shard_grads {
   static constexpr std::string_view name = "shard_grads";

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct sharded {
   static constexpr std::string_view name = "sharded";

@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 [[noreturn]] inline void raise_bootstrap_io(const char* call, const std::filesystem::path& path, int code) {

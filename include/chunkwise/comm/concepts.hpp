@@ -33,7 +33,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class reduce_op : std::uint8_t { sum, average };
 

@@ -1,15 +1,23 @@
 #pragma once
-// The inline ABI namespace. Every chunkwise name lives in `chunkwise::CHUNKWISE_ABI`, an inline namespace whose spelling
-// records the optional components that change a definition. Code names `chunkwise::x` as always; the linker sees
-// `chunkwise::abi1_uring1::x`. Two translation units of one program built with and without such a component then
-// hold two distinct types instead of one name with two layouts (an ODR violation the linker would silently resolve to
-// either, as libstdc++'s `_GLIBCXX_USE_CXX11_ABI` and CCCL's `THRUST_NS_QUALIFIER` avoid in the same way).
+// The inline ABI namespace, for the definitions that differ with an optional component. `nvme_tier`'s members and
+// code differ with CHUNKWISE_HAS_URING (an io_uring ring or a pread/pwrite pool), and so do the classes and functions
+// that hold or drive one. Those headers open `namespace chunkwise::inline CHUNKWISE_ABI`, whose name records the
+// component: code names `chunkwise::nvme_tier` as always, the linker sees `chunkwise::abi1_uring1::nvme_tier`. Two
+// translation units of one program built with and without io_uring then hold two distinct types instead of one name
+// with two layouts, an ODR violation the linker would silently resolve to either (libstdc++'s dual string ABI avoids
+// the same with its `__cxx11` inline namespace).
 //
-// Keyed components, and why:
-//   CHUNKWISE_HAS_URING  nvme_tier's members (an io_uring ring or a thread pool) differ with it.
-// CHUNKWISE_HAS_CUDA/NCCL/MPI only add declarations (the `.cuh` headers, `mpi_comm`): a program may mix translation
-// units with and without them and pass chunkwise types between them, so they are not keyed.
-// A header whose definition comes to depend on a component adds the component here.
+// A keyed header's details go to `namespace chunkwise::detail::inline CHUNKWISE_ABI`, never to a `detail` inside the
+// keyed namespace: a second `detail` there would make every plain header's `namespace detail {` ambiguous.
+//
+// Everything else, chunkwise::error above all, stays in plain `namespace chunkwise`, so the same types pass between
+// such translation units: an error thrown by io_uring code is caught as chunkwise::error by code built without it.
+//
+// The rule, enforced by tests/house/check_includes.cmake (ctest house_include_arrows): a header that tests a keyed
+// component's macro, or includes a header that opens the keyed namespace, opens it too. Keyed today:
+//   CHUNKWISE_HAS_URING  tier/nvme.hpp; runtime/runtime.hpp and runtime/detail/streamed_homes.hpp (NVMe homes);
+//                        measure/ (it measures the NVMe tier; its specialisations follow its primary template).
+// CHUNKWISE_HAS_CUDA/NCCL/MPI only add declarations (the .cuh headers, mpi_comm), so they are not keyed.
 
 #if CHUNKWISE_HAS_URING
 #define CHUNKWISE_ABI abi1_uring1

@@ -18,7 +18,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 /// "<call> '<path>' failed: <errno text> (<ENAME>, errno N)"

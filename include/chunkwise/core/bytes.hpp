@@ -1,12 +1,10 @@
 #pragma once
 // Byte counts: one unsigned 64-bit type, binary-unit literals (64_MiB) and human formatting ("1.50 GiB").
-#include <chunkwise/core/abi.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 using byte_count = std::uint64_t;
 

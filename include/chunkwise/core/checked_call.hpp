@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// A failed call's code as its API names it: what becomes of it (`kind`), its text and its symbolic name.
 struct call_code {

@@ -51,7 +51,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 static_assert(std::endian::native == std::endian::little,
               "chunkwise's checkpoint format is little-endian and is written as the host holds it");

@@ -2,8 +2,6 @@
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of every NVMe block and checkpoint piece. SSE4.2's crc32
 // instruction (through a target attribute, chosen at run time) with a table-driven fallback; both give the standard
 // check value crc32c("123456789") == 0xE3069283. Chainable: crc32c(b, crc32c(a)) == crc32c(a followed by b).
-#include <chunkwise/core/abi.hpp>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +14,7 @@
 #define CHUNKWISE_CRC32C_X86 0
 #endif
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class dtype : std::uint8_t { fp32, fp16, bf16, fp64, int32, int64, uint8 };
 

@@ -1,14 +1,13 @@
 #pragma once
 // chunkwise::error: the one exception type. A code for programs, a message for people that says what was asked,
 // what exists and what would fit.
-#include <chunkwise/core/abi.hpp>
 #include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class error_code : std::uint8_t {
   invalid_argument,  // a parameter out of range (ranks = 0, a negative budget, an unknown name)

@@ -3,12 +3,10 @@
 // files: the tensor list a checkpoint was saved for, the plan the ranks agree on, the machine a cached profile
 // belongs to. Stable across platforms and builds (unlike std::hash), constexpr, and continued by feeding more.
 // Not a checksum for data: bytes on disk carry CRC-32C (core/checksum.hpp).
-#include <chunkwise/core/abi.hpp>
-
 #include <cstdint>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class fnv1a {
  public:

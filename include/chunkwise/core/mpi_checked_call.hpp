@@ -15,7 +15,7 @@
 
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline call_code mpi_code(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// A tensor's name in a literal type (no heap), so profiles can be built and searched in constant expressions
 /// on every compiler we support. 95 characters hold the names PyTorch models use
@@ -66,7 +66,7 @@ struct tensor_spec {
   std::uint64_t elements = 0;
   dtype type = dtype::fp32;
   tensor_role role = tensor_role::parameter;
-  /// Shared by several layers (GPT-2's token embedding is also its LM head): used far apart in the step order,
+  /// Shared by several layers (GPT-2's token embedding is also its LM head): used far apart in the pass order,
   /// so layouts give it a chunk of its own instead of pinning its neighbours.
   bool tied = false;
 

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class worker_threads {
  public:

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct layout_options {
   std::uint32_t ranks = 1;     // chunk capacity is divisible by ranks * alignment, so shards are equal and aligned

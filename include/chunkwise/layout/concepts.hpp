@@ -6,7 +6,7 @@
 #include <concepts>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// A layout policy L provides, as static members:
 /// - `name`: the family ("fixed", "min_waste", "per_tensor");

@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI::layout {
+namespace chunkwise::layout {
 
 template <byte_count Bytes = 64 * MiB>
 struct fixed {
@@ -23,7 +23,9 @@ struct fixed {
     validate(model);
     validate(options);
     const byte_count capacity = chunk_bytes(options);
-    detail::require_fits(model, capacity, "fixed<" + format_bytes(Bytes) + ">");
+    // The name is formatted only on the error path: format_bytes is not constexpr, and a constant profile that
+    // fits must leave build() a constant expression.
+    if (model.largest_tensor_bytes() > capacity) detail::require_fits(model, capacity, "fixed<" + format_bytes(Bytes) + ">");
     return detail::pack(model, capacity, options);
   }
   static constexpr layout_summary summarize(const model_profile& model, const layout_options& options) {

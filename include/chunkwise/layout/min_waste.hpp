@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI::layout {
+namespace chunkwise::layout {
 
 /// The capacity range a min_waste search covers, and its answer.
 struct chunk_size_search {

@@ -8,7 +8,7 @@
 
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI::layout {
+namespace chunkwise::layout {
 
 struct per_tensor {
   static constexpr std::string_view name = "per_tensor";

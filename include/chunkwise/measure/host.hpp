@@ -8,6 +8,7 @@
 //   collectives     thread_comm all-gather, reduce-scatter, all-reduce bus bandwidth at 1 to 64 MiB, 2 ranks
 //   optimizer       the SIMD CPU AdamW over 16 M fp32 parameters, every core
 //   compute         a cache-blocked fp32 GEMM (512^3), every core
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/core/bytes.hpp>
@@ -27,9 +28,7 @@
 #include <thread>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
-
-namespace detail {
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 /// C += A * B for n x n row-major fp32 matrices, blocked for the cache and split by rows over `threads`.
 inline void blocked_gemm(const float* a, const float* b, float* c, std::size_t n, unsigned threads) {
@@ -101,7 +100,9 @@ inline double measure_cpu_adam(const measure_options& options, unsigned threads)
   }
 }
 
-}  // namespace detail
+}  // namespace chunkwise::detail
+
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// The host backend's machine profile.
 template <>

@@ -3,6 +3,7 @@
 // measure_or_load() keeps the result in a JSON cache keyed by a machine fingerprint. The backends' measurements are
 // specialisations in measure/host.hpp and measure/cuda/measure.cuh. The measure part sits above the parts it
 // measures (tiers, communicators, optimizers); nothing below it includes it.
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/hash.hpp>
 #include <chunkwise/profile/machine_json.hpp>
@@ -35,7 +36,9 @@ struct measure_options {
   };
 };
 
-namespace detail {
+}  // namespace chunkwise
+
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -98,7 +101,9 @@ inline std::string machine_fingerprint() {
   return text;
 }
 
-}  // namespace detail
+}  // namespace chunkwise::detail
+
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <class Backend>
 machine_profile measure(const measure_options& options = {});

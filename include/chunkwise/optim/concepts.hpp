@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 /// One chunk's optimizer view: parallel arrays of `count` elements in the chunk's home memory. The optimizer
 /// updates them in place, in one pass.

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <span>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 class cpu_adam {
  public:

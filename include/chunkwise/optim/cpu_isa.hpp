@@ -13,7 +13,7 @@
 #define CHUNKWISE_OPTIM_X86 0
 #endif
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 /// `best` resolves to the widest path this CPU supports.
 ///  - avx512: AVX-512 F/BW/VL/DQ (16 floats a vector, masked tails).

@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 /// How the CPU optimizers run. `tile_elements` is the unit of work handed to a thread: 32 Ki elements are 128 KiB
 /// per fp32 array, so the 4-5 streams of a tile stay within a core's L2 while it is processed. A multiple of 16,

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <span>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 class cpu_sgd {
  public:

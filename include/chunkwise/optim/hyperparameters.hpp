@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 /// How weight decay enters Adam: added to the gradient (`l2`, torch.optim.Adam) or applied to the weights
 /// directly (`decoupled`, torch.optim.AdamW, Loshchilov & Hutter).

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 struct loss_scaler_config {
   float initial_scale = 65536.0f;  // 2^16

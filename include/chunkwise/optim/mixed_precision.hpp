@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 struct precision_options {
   /// Clip gradients to this global L2 norm (of the unscaled gradients); 0 turns clipping off.

@@ -29,7 +29,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 enum class optimizer_kind : std::uint8_t { adam = 1, sgd = 2, sgd_momentum = 3 };
 

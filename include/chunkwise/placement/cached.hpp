@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class Tier, std::size_t StagingBuffers = 2>
 struct cached {

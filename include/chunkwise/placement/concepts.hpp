@@ -18,7 +18,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class P>
 concept placement_policy =

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class eviction : std::uint8_t { next_use, lru };
 

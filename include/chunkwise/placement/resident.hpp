@@ -2,7 +2,7 @@
 // `resident`: every chunk lives on the device for the whole run; nothing moves. The block count is ignored.
 #include <chunkwise/placement/concepts.hpp>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct resident {
   using home_space = space::device;

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class Tier, std::size_t StreamBlocks = 2, std::size_t StagingBuffers = 2>
 struct split {

@@ -36,7 +36,7 @@
 #include <concepts>
 #include <cstdint>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 

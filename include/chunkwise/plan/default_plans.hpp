@@ -13,7 +13,7 @@
 #include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 using default_plans =
     plan_set<plan<layout::min_waste<>, resident, replicated, optimizer_follows_home>,

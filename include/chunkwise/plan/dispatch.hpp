@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <class PlanSet, class F>
 decltype(auto) dispatch(std::size_t index, F&& f) {

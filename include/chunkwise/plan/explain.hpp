@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 inline std::string format_seconds(double s) {

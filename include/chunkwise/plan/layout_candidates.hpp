@@ -14,7 +14,7 @@
 
 #include <cstddef>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// Any layout without a searched size: one candidate, the layout's own build.
 template <class Layout>

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// An optimizer execution policy O provides:
 ///   O::name, O::offload_space (where offloaded states go),

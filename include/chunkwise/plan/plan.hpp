@@ -12,7 +12,7 @@
 #include <string_view>
 #include <tuple>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 template <chunk_layout Layout, placement_policy Placement, collective_strategy Collective, optimizer_execution OptimizerExecution>
 struct plan {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// The plan's inner knobs, chosen by the search.
 struct plan_knobs {

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline constexpr byte_count plan_alignment = 256;  // tensor alignment inside chunks for every plan
 

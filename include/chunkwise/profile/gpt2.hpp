@@ -35,7 +35,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct gpt2_config {
   tensor_name name;

@@ -18,7 +18,7 @@
 #include <filesystem>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline constexpr std::string_view model_profile_format = "chunkwise.model_profile";
 inline constexpr std::uint64_t model_profile_version = 1;

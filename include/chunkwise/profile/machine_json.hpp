@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline constexpr std::string_view machine_profile_format = "chunkwise.machine_profile";
 inline constexpr std::uint64_t machine_profile_version = 1;

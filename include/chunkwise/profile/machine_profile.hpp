@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct bandwidth_point {
   byte_count message_bytes = 0;

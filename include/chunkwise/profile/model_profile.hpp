@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class pass_kind : std::uint8_t { forward, backward };
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct tensor_handle {
   std::uint32_t index = 0;

@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 struct checkpoint_identity {
   std::string model;

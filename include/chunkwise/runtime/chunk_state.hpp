@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 enum class chunk_state : std::uint8_t { released, fetching, ready, in_use, grad_pending, reduced };
 inline constexpr std::size_t chunk_state_count = 6;

@@ -25,6 +25,7 @@
 // remaining blocks, prefetched along the profiled order (runtime/detail/streamed_homes.hpp). A streamed chunk's
 // optimizer runs where its states are: on its home. A budget that cannot hold a plan fails at construction with the
 // tier's numbers.
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/comm/concepts.hpp>

@@ -16,7 +16,7 @@
 #include <concepts>
 #include <cstddef>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 // Property tags (empty). A tier T has property P when `get_property(const T&, P)` is declared for it, usually as a
 // hidden friend: `friend constexpr void get_property(const my_tier&, host_accessible) noexcept {}`.

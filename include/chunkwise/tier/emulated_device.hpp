@@ -3,7 +3,7 @@
 // GPU of that size fails the same way on a CPU-only machine.
 #include <chunkwise/tier/detail/aligned_host_memory.hpp>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class emulated_device_tier : public detail::host_backend_tier<space::device> {
  public:

@@ -2,7 +2,7 @@
 // The pageable host tier: plain host memory under a byte budget (host memory runs out silently otherwise).
 #include <chunkwise/tier/detail/aligned_host_memory.hpp>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class host_tier : public detail::host_backend_tier<space::host> {
  public:

@@ -16,6 +16,7 @@
 // Tests switch on faults through `nvme_options::faults` (a testing::nvme_fault_injector, testing/nvme_faults.hpp): every attempt of every request
 // asks it whether to report a short transfer, an errno, or to sleep first. It acts on the system call's result, where
 // the real one is handled, on both I/O paths. Without an injector the cost is one null-pointer test per attempt.
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/checked_call.hpp>

@@ -3,7 +3,7 @@
 // mlock'ed, under a byte budget. Under CUDA the same role is played by tier/cuda/pinned_host.cuh (cudaHostAlloc).
 #include <chunkwise/tier/detail/aligned_host_memory.hpp>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class pinned_host_tier : public detail::host_backend_tier<space::pinned_host> {
  public:

@@ -1,11 +1,10 @@
 #pragma once
 // Memory spaces: where chunk bytes can live. Empty tags (like Kokkos::HostSpace / Kokkos::CudaHostPinnedSpace) that
 // placement policies name without pulling in any tier implementation or backend: `cached<space::nvme>`.
-#include <chunkwise/core/abi.hpp>
 #include <string_view>
 #include <type_traits>
 
-namespace chunkwise::inline CHUNKWISE_ABI::space {
+namespace chunkwise::space {
 
 struct device {
   static constexpr std::string_view name = "device";
@@ -22,7 +21,7 @@ struct nvme {
 
 }  // namespace chunkwise::space
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 /// One of three spellings chosen by a home space: policy names stay compile-time strings ("cached<nvme>").

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// Completion handle of one move. A default-constructed transfer is complete. `wait()` rethrows the move's error
 /// (an I/O error, a checksum mismatch): a failed fetch never looks like data.

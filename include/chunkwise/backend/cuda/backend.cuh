@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 /// A shared handle to a recorded cudaEvent_t; a default-constructed event is complete.
 class cuda_event {

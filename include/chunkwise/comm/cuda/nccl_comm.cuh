@@ -35,7 +35,7 @@
 #include <string>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 namespace detail {
 

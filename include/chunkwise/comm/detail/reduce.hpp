@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 template <reducible_element T>
 constexpr float widen(T value) noexcept {

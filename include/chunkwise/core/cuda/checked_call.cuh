@@ -12,7 +12,7 @@
 
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline call_code cuda_code(cudaError_t status) {
   return {status == cudaErrorMemoryAllocation ? error_code::out_of_memory : error_code::unsupported,

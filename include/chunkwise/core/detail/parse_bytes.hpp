@@ -7,7 +7,7 @@
 #include <exception>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 inline byte_count parse_bytes(const std::string& text) {
   const auto fail = [&] {

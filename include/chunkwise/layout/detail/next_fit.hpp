@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI::layout::detail {
+namespace chunkwise::layout::detail {
 
 inline constexpr std::uint64_t too_many = std::numeric_limits<std::uint64_t>::max();
 

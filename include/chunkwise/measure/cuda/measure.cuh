@@ -5,6 +5,7 @@
 // reduce-scatter and all-reduce bus bandwidth over every visible GPU (ncclCommInitAll; peer copies without NCCL), and
 // the host's NVMe and CPU Adam as measure<host_backend> takes them.
 #if CHUNKWISE_HAS_CUDA
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/backend/cuda/backend.cuh>
 #include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/optim/cuda/adam.cuh>
@@ -21,9 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
-
-namespace detail {
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 /// Milliseconds of `body` enqueued on `stream`, timed with events, best of three after a warm-up.
 template <class F>
@@ -47,7 +46,9 @@ double cuda_seconds(cudaStream_t stream, F&& body) {
   return best;
 }
 
-}  // namespace detail
+}  // namespace chunkwise::detail
+
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <>
 inline machine_profile measure<cuda_backend>(const measure_options& options) {

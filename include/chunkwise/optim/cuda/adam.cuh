@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 // Kernels and device-side types; `cuda_kernels`, not `cuda`, so a using-directive never makes ::cuda ambiguous.
 namespace detail::cuda_kernels {

@@ -15,7 +15,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim::detail::avx2 {
+namespace chunkwise::optim::detail::avx2 {
 
 CHUNKWISE_AVX2_INLINE __m256 load(const float* p, std::size_t i) noexcept { return _mm256_loadu_ps(p + i); }
 CHUNKWISE_AVX2_INLINE __m256 load(const bf16* p, std::size_t i) noexcept {

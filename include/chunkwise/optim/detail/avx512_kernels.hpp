@@ -19,7 +19,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim::detail::avx512 {
+namespace chunkwise::optim::detail::avx512 {
 
 CHUNKWISE_AVX512_INLINE __m512 load(const float* p, std::size_t i, __mmask16 k) noexcept {
   return _mm512_maskz_loadu_ps(k, p + i);

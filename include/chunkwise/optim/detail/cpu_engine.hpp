@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim {
+namespace chunkwise::optim {
 
 namespace detail {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstddef>
 
-namespace chunkwise::inline CHUNKWISE_ABI::optim::detail {
+namespace chunkwise::optim::detail {
 
 /// The "no working copy" type: stores to it do nothing.
 struct no_copy {};

@@ -1,14 +1,13 @@
 #pragma once
 // Positions of each chunk in the profiled (cyclic) access order, and the distance to a chunk's next use from a cursor:
 // the key of next-use (Belady) eviction.
-#include <chunkwise/core/abi.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <vector>
 #include <algorithm>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 class next_use_index {
  public:

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 struct chunk_trace {
   std::vector<std::vector<std::uint32_t>> passes;  // chunk ids each pass touches, without repeats

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 inline std::string json_type_name(const nlohmann::json& value) {
   if (value.is_number_unsigned()) return "unsigned integer";

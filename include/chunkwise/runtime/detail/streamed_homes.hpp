@@ -7,6 +7,7 @@
 // The optimizer updates a streamed chunk where its states are (the home; for NVMe through pinned scratch buffers:
 // read, update, write back), which makes any cached copy stale: `update` invalidates it and the next acquire fetches
 // again (the cost model's cold cache). Chunks are indexed 0..count-1 here (the runtime maps its chunk ids).
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
@@ -29,7 +30,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 struct streamed_settings {
   std::size_t chunks = 0;                    // streamed chunks

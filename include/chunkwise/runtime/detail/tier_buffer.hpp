@@ -8,7 +8,7 @@
 #include <span>
 #include <utility>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 class tier_buffer {
  public:

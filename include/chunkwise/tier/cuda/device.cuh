@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class cuda_device_tier {
  public:

@@ -10,7 +10,7 @@
 
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI {
+namespace chunkwise {
 
 class cuda_pinned_host_tier {
  public:

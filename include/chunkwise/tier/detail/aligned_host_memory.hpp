@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-namespace chunkwise::inline CHUNKWISE_ABI::detail {
+namespace chunkwise::detail {
 
 inline constexpr std::size_t page_bytes = 4096;
 inline constexpr std::size_t huge_page_bytes = 2 * 1024 * 1024;

@@ -1,0 +1,2 @@
+#pragma once
+// Fixture: stands in for core/abi.hpp.
