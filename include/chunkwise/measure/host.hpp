@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
@@ -184,11 +185,7 @@ inline machine_profile measure<host_backend>(const measure_options& options) {
     m.device_flops_per_second = 2.0 * static_cast<double>(n * n * n) / s;
     options.progress("GEMM 512^3 fp32: " + detail::format_rate(m.device_flops_per_second, "FLOP/s"));
   }
-  char done[48];
-  std::snprintf(done, sizeof done, "done in %.1f s", detail::seconds_since(total_start));
-  options.progress(done);
-  validate(m);
-  return m;
+  return detail::finish_measurement(options, std::move(m), total_start);
 }
 
 }  // namespace chunkwise

@@ -101,6 +101,16 @@ inline std::string machine_fingerprint() {
   return text;
 }
 
+/// The end of every backend's measurement: says how long it took, and validates what was measured.
+inline machine_profile finish_measurement(const measure_options& options, machine_profile m,
+                                          std::chrono::steady_clock::time_point start) {
+  char done[48];
+  std::snprintf(done, sizeof done, "done in %.1f s", seconds_since(start));
+  options.progress(done);
+  validate(m);
+  return m;
+}
+
 }  // namespace chunkwise::detail
 
 namespace chunkwise::inline CHUNKWISE_ABI {

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
@@ -192,11 +193,7 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
   detail::measure_nvme(options, m);
   m.host_optimizer_params_per_second =
       detail::measure_cpu_adam(options, options.threads != 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency()));
-  char done[48];
-  std::snprintf(done, sizeof done, "done in %.1f s", detail::seconds_since(total_start));
-  options.progress(done);
-  validate(m);
-  return m;
+  return detail::finish_measurement(options, std::move(m), total_start);
 }
 
 }  // namespace chunkwise
