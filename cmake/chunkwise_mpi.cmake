@@ -1,7 +1,7 @@
 # Optional MPI component: chunkwise::mpi adds CHUNKWISE_HAS_MPI=1 and links MPI::MPI_CXX, so that
 # chunkwise/comm/mpi_comm.hpp compiles to the mpi_comm communicator (and to nothing without it).
 # On by default where find_package(MPI) finds a C++ MPI (Debian: libopenmpi-dev openmpi-bin).
-# Included from the top-level CMakeLists.txt after the other components; appends to chunkwise_export_targets.
+# Included from the top-level CMakeLists.txt after the other components; appends to chunkwise_components.
 find_package(MPI QUIET COMPONENTS CXX)
 option(CHUNKWISE_MPI "Build the MPI communicator component (chunkwise::mpi)" ${MPI_CXX_FOUND})
 if(CHUNKWISE_MPI)

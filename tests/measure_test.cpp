@@ -1,3 +1,4 @@
+#include <chunkwise/measure/cache.hpp>
 #include <chunkwise/measure/host.hpp>
 
 #include <doctest/doctest.h>

@@ -8,16 +8,15 @@
 # Every contender is timed the same way: single steps, best of all, over ROUNDS interleaved rounds (ours, then each
 # peer), so a burst of load from other processes on a shared machine does not favour whoever ran in a quiet moment.
 #
-# PyTorch and DeepSpeed are installed from PyPI into a virtual environment outside the checkout
-# (CHUNKWISE_VENV, default /tmp/chunkwise-venv); PyPI's torch wheel pulls the CUDA libraries (several GB) the
-# first time. DeepSpeed's CPUAdam JIT-builds a C++ extension (ninja, g++). Last line:
+# PyTorch and DeepSpeed come from the tests' and benches' one virtual environment (tools/python-env.sh: outside the
+# checkout, $CHUNKWISE_VENV or ~/.cache/chunkwise/venv; torch the first time, DeepSpeed added on demand).
+# DeepSpeed's CPUAdam JIT-builds a C++ extension (ninja, g++). Last line:
 #   cpu_adam ratio_vs_bandwidth=B speedup_vs_deepspeed=D speedup_vs_torch=T
 # B = our AdamW at 28 bytes per parameter / in-place read-modify-write bandwidth (x += s*y), same size and threads.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
-venv=${CHUNKWISE_VENV:-/tmp/chunkwise-venv}
 params=${PARAMS:-67108864}
 threads=${THREADS:-$(nproc)}
 steps=${STEPS:-4}
@@ -31,18 +30,13 @@ if [[ ! -f $build/build.ninja && ! -f $build/Makefile ]]; then
 fi
 cmake --build "$build" -j2 --target chunkwise_optim_bench >/dev/null || { echo "build failed"; exit 1; }
 
-echo "== peers' virtual environment $venv"
+echo "== peers' virtual environment (tools/python-env.sh)"
 have_python=1
-if [[ ! -x $venv/bin/python ]]; then
-  echo "creating $venv and installing torch from PyPI (several GB the first time)"
-  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q --upgrade pip &&
-         "$venv/bin/pip" install -q torch numpy ninja packaging psutil py-cpuinfo; }; then
-    echo "FAILED: pip install of torch into $venv; PyTorch and DeepSpeed are not compared"
-    have_python=0
-  fi
-fi
-if ((have_python)) && ! "$venv/bin/python" -c 'import deepspeed' 2>/dev/null; then
-  "$venv/bin/pip" install -q deepspeed || echo "FAILED: pip install deepspeed; DeepSpeed is not compared"
+if ! python=$("$root/tools/python-env.sh"); then
+  echo "FAILED: no Python with torch (tools/python-env.sh); PyTorch and DeepSpeed are not compared"
+  have_python=0
+elif ! "$root/tools/python-env.sh" ninja packaging psutil py-cpuinfo deepspeed >/dev/null; then
+  echo "FAILED: pip install deepspeed; DeepSpeed is not compared"
 fi
 
 : >"$work/peers.jsonl"
@@ -56,7 +50,7 @@ for ((round = 1; round <= rounds; ++round)); do
   ((have_python)) || continue
   for peer in torch_foreach torch_fused deepspeed; do
     # DeepSpeed JIT-builds its extension once (cached under ~/.cache/torch_extensions); MAX_JOBS keeps it gentle.
-    MAX_JOBS=2 "$venv/bin/python" "$root/bench/compare/cpu_adam_peers.py" "$peer" --params "$params" \
+    MAX_JOBS=2 "$python" "$root/bench/compare/cpu_adam_peers.py" "$peer" --params "$params" \
       --threads "$threads" --steps "$steps" >"$work/$peer.out" 2>"$work/$peer.err"
     if grep -q '^{' "$work/$peer.out"; then
       grep '^{' "$work/$peer.out" | tail -1 | tee -a "$work/peers.jsonl"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the example trainer for a fixed number of steps under every feasible plan and under the automatic choice,
 # in one run, and compares the cost model's predicted step time with the measured one.
-# Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=1] [extra train_gpt2 flags...]
+# Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=1] [train_gpt2 model and budget flags...]
 # ROUNDS (environment, default 3): runs per plan, in alternating order; the median counts.
 # Prints a table (plan, predicted step s, measured step s, error) and as its last line
 #   plans max_prediction_error=E regret=R
@@ -13,6 +13,9 @@ build="${1:-build/default}"
 steps="${2:-60}"
 ranks="${3:-1}"
 shift $(( $# < 3 ? $# : 3 ))
+# Without extra flags: the tiny model with the machine's memory, where every plan fits and can be compared (the
+# trainer's own default budget is chosen so that only streaming plans fit).
+(( $# > 0 )) || set -- --device-budget 0 --layers 2 --channels 64 --batch 4
 trainer="$build/examples/train_gpt2/train_gpt2"
 [[ -x "$trainer" ]] || { echo "plans.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
 

@@ -18,7 +18,7 @@ cmake --build build/device -j"$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$
 ctest --test-dir build/device -R '^cuda_' --output-on-failure 2>&1 | tee "$out/cuda_tests.log"
 
 # A GPT-2 small enough for a minute per backend, large enough that the products dominate: 6 layers, 512 channels.
-model=(--layers 6 --channels 512 --heads 8 --context 256 --batch 8 --steps 12 --eval-every 1000)
+model=(--layers 6 --channels 512 --heads 8 --context 256 --batch 8 --steps 12 --eval-every 1000 --device-budget 0)
 for backend in host cuda; do
   OMP_NUM_THREADS="$(nproc)" build/device/examples/train_gpt2/train_gpt2 --backend "$backend" "${model[@]}" \
     > "$out/train_$backend.log" 2>&1 || { tail -20 "$out/train_$backend.log"; exit 1; }

@@ -2,9 +2,13 @@
 //
 // It profiles itself (a dry run of its loop against chunkwise's tracer), measures this machine or loads its cached
 // profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks under that
-// plan with a progress line per step. Flags:
-//   --steps N (200)  --ranks N (1)  --plan NAME  --device-budget BYTES  --lr X (1e-3)  --seed N
-//   --layers N (2) --channels N (64) --heads N (4) --context N (64) --batch N (4, per rank)  --data FILE
+// plan with a progress line per step. The device is emulated in host memory under a byte budget per rank; the default
+// budget (32 MiB, a small GPU) is a third of the default model's training state, so the default run shows what
+// chunkwise is for: the resident plans do not fit and the search picks one that streams chunks from a host or NVMe
+// home or keeps the optimizer states off the device. Flags:
+//   --steps N (200)  --ranks N (1)  --plan NAME  --lr X (3e-4)  --seed N
+//   --device-budget BYTES (32MiB per rank; 0: this machine's measured memory, a quarter of what is available)
+//   --layers N (8) --channels N (256) --heads N (4) --context N (64) --batch N (2, per rank)  --data FILE
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
@@ -14,6 +18,7 @@
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
 #include <chunkwise/plan/search.hpp>
+#include <chunkwise/measure/cache.hpp>
 #include <chunkwise/measure/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
@@ -23,11 +28,13 @@
 #include "reference_trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 #include <exception>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,13 +43,19 @@ namespace {
 
 using namespace chunkwise;
 
+// The default run: 8 layers of 256 channels, 6.4 M parameters, so 98 MiB of training state (fp32 parameters,
+// gradients, Adam's m and v) and 23 MiB of activations against a 32 MiB device: only plans that stream chunks fit.
+// About half a second a step on two cores.
+constexpr byte_count default_device_budget = 32 * MiB;
+
 struct options {
-  gpt2::model_config model{256, 64, 64, 4, 2, 4};
+  gpt2::model_config model{256, 64, 256, 4, 8, 2};
   std::size_t steps = 200;
   int ranks = 1;
   std::string plan;
-  byte_count device_budget = 0;
-  float lr = 1e-3f;
+  byte_count device_budget = default_device_budget;  // per rank; 0: the machine's measured memory
+  bool device_budget_given = false;
+  float lr = 3e-4f;  // at 1e-3 the default model sits on the unigram plateau (loss 3.1) for its 200 steps
   std::uint64_t seed = 1337;
   std::string data = gpt2::default_data_file;
   std::string measure_cache;
@@ -71,7 +84,10 @@ options parse(int argc, char** argv) {
     if (flag == "--steps") o.steps = count_flag(flag, value());
     else if (flag == "--ranks") o.ranks = static_cast<int>(count_flag(flag, value()));
     else if (flag == "--plan") o.plan = value();
-    else if (flag == "--device-budget") o.device_budget = parse_bytes(value());
+    else if (flag == "--device-budget") {
+      o.device_budget = parse_bytes(value());
+      o.device_budget_given = true;
+    }
     else if (flag == "--lr") o.lr = std::stof(value());
     else if (flag == "--seed") o.seed = count_flag(flag, value());
     else if (flag == "--layers") o.model.layers = count_flag(flag, value());
@@ -102,6 +118,120 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+/// The training state as the planner counts it (fp32 parameters, gradients and Adam's m and v) against the device
+/// budget: the lines printed before the explain table.
+void print_memory(const options& o, const model_profile& model, byte_count budget, byte_count measured) {
+  const byte_count parameters = model.tensor_bytes(), state = 4 * parameters;
+  if (!o.device_budget_given)
+    std::printf("device budget %s per rank (the default, emulating a small GPU; --device-budget 0 for this machine's "
+                "measured %s per rank)\n", format_bytes(budget).c_str(), format_bytes(measured).c_str());
+  else if (o.device_budget == 0)
+    std::printf("device budget %s per rank (--device-budget 0: this machine's measured memory)\n",
+                format_bytes(budget).c_str());
+  else
+    std::printf("device budget %s per rank (--device-budget; this machine's measured memory is %s per rank)\n",
+                format_bytes(budget).c_str(), format_bytes(measured).c_str());
+  std::printf("training state %s, as the planner counts it: parameters %s + gradients %s + Adam's m and v %s (fp32);\n"
+              "  activations %s at their peak\n", format_bytes(state).c_str(), format_bytes(parameters).c_str(),
+              format_bytes(parameters).c_str(), format_bytes(2 * parameters).c_str(),
+              format_bytes(model.peak_activation_bytes()).c_str());
+  const byte_count sharded = (state + static_cast<byte_count>(o.ranks) - 1) / static_cast<byte_count>(o.ranks);
+  if (sharded > budget) {
+    std::string not_even;
+    if (o.ranks > 1)
+      not_even =
+          ", not even sharded over " + std::to_string(o.ranks) + " ranks (" + format_bytes(sharded) + " per rank)";
+    std::printf("-> the training state does not fit the device%s:\n"
+                "   no plan that keeps every chunk there with its gradients and Adam states can run. The search looks\n"
+                "   for one that streams chunks from a pinned host or NVMe home, or keeps the Adam states off the "
+                "device.\n",
+                not_even.c_str());
+  } else if (state > budget) {
+    std::printf("-> the training state fits the device only sharded over the %d ranks (%s per rank, ZeRO-3); with the\n"
+                "   activations and working buffers, the table says which plans fit.\n", o.ranks,
+                format_bytes(sharded).c_str());
+  } else {
+    std::printf("-> the training state fits the device: plans that keep every chunk there are in the running, if the\n"
+                "   activations and working buffers fit too (the table says).\n");
+  }
+}
+
+std::string milliseconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f ms", seconds * 1e3);
+  return text;
+}
+
+/// Where the chosen plan keeps the chunks and what moves, in words.
+template <class Plan>
+std::string plan_in_words(const prediction& p) {
+  const auto& k = p.knobs;
+  const std::uint64_t streamed = k.chunks - k.resident_chunks;
+  std::string text = std::to_string(k.chunks) + " chunks of up to " + format_bytes(k.chunk_bytes);
+  if (streamed == 0) {
+    text += ", all on the device";
+  } else {
+    text += ": " + std::to_string(streamed) + " live in " + std::string(Plan::placement::home_space::name) +
+            " memory with their gradients and Adam states (updated there)\n        and stream through " +
+            std::to_string(k.device_blocks - k.resident_chunks) +
+            " device blocks, prefetched in the profiled order and evicted by next use";
+    if (k.resident_chunks > 0) text += "; " + std::to_string(k.resident_chunks) + " stay on the device";
+  }
+  if (k.offloaded_resident_chunks > 0)
+    text += "; the Adam states of " + std::to_string(k.offloaded_resident_chunks) + " of the " +
+            std::to_string(k.resident_chunks) + " device chunks live in " +
+            std::string(Plan::optimizer_execution::offload_space::name) + " memory, updated there";
+  return text;
+}
+
+/// The chosen plan and why: the fastest that fits (or forced by --plan), the runner-up, what does not fit and by
+/// how much, and what the plan does with the chunks.
+template <class PlanSet, class Plan>
+void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_t chosen, std::size_t best,
+                  bool forced, byte_count budget) {
+  const auto names = PlanSet::names();
+  const prediction& p = plans[chosen];
+  std::size_t fit = 0, misfits = 0, too_big = 0;
+  std::optional<std::size_t> runner_up;
+  byte_count least = ~byte_count{0}, most = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].feasible) {
+      ++fit;
+      if (i != chosen && (!runner_up || plans[i].time.step < plans[*runner_up].time.step)) runner_up = i;
+      continue;
+    }
+    ++misfits;
+    if (plans[i].limit != plan_limit::device_memory) continue;
+    ++too_big;
+    least = std::min(least, plans[i].needed);
+    most = std::max(most, plans[i].needed);
+  }
+  std::printf("chosen: %s\n", names[chosen].c_str());
+  if (forced)
+    std::printf("  why:  forced by --plan (%s); predicted %s per step with %s of device memory\n",
+                (chosen == best ? std::string("also the search's choice") : "the search would choose " + names[best])
+                    .c_str(),
+                milliseconds(p.time.step).c_str(), format_bytes(p.memory.device).c_str());
+  else
+    std::printf("  why:  %s: predicted %s per step with %s of the %s device budget\n",
+                (fit == 1 ? std::string("the only plan that fits") : "the fastest of the " + std::to_string(fit) +
+                                                                         " plans that fit").c_str(),
+                milliseconds(p.time.step).c_str(), format_bytes(p.memory.device).c_str(), format_bytes(budget).c_str());
+  if (runner_up && !forced) {
+    const bool tie = plans[*runner_up].time.step < p.time.step * (1.0 + choice_tie_tolerance);
+    std::printf("        the next fastest, %s, is predicted %s%s\n", names[*runner_up].c_str(),
+                milliseconds(plans[*runner_up].time.step).c_str(),
+                tie ? " (a tie, within the search's tolerance: it keeps the plan listed first)" : "");
+  }
+  if (too_big > 0)
+    std::printf("        %zu plan(s) do not fit the device: they need %s to %s, %s to %s more than the budget\n",
+                too_big, format_bytes(least).c_str(), format_bytes(most).c_str(), format_bytes(least - budget).c_str(),
+                format_bytes(most - budget).c_str());
+  if (misfits > too_big)
+    std::printf("        %zu plan(s) break another limit (the table says which)\n", misfits - too_big);
+  std::printf("  what: %s\n", plan_in_words<Plan>(p).c_str());
+}
+
 /// Trains under Plan: one thread per rank, rank r on the r-th sequences of each global batch.
 template <class Plan>
 void train(const options& o, const model_profile& model, const machine_profile& machine, const prediction& chosen) {
@@ -115,6 +245,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
   // Batches are drawn by rank 0 between two barriers, so every rank sees the same global batch.
   std::vector<int> tokens, targets;
   std::vector<double> step_seconds;  // rank 0's time per training step
+  float first_loss = 0, last_loss = 0, last_validation = 0;  // rank 0's, for the summary
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.ranks; ++r)
     threads.emplace_back([&, r] {
@@ -175,8 +306,10 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             const double tokens_per_second =
                 static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
-            std::printf("step %4zu/%zu  loss %.4f  %.0f tokens/s  moved %s (rank 0)\n", step, o.steps, loss,
-                        tokens_per_second, format_bytes(rt.traffic().total()).c_str());
+            if (step == first_step) first_loss = loss;
+            last_loss = loss;
+            std::printf("step %4zu/%zu  loss %.4f  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step, o.steps, loss,
+                        step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
             std::fflush(stdout);
           }
           if (step % o.eval_every == 0 || step == o.steps) {
@@ -190,19 +323,44 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             }
             comm.barrier().wait();
             const float validation = mean_loss(run(false));
-            if (r == 0) std::printf("           validation loss %.4f\n", validation);
+            if (r == 0) {
+              std::printf("           validation loss %.4f\n", validation);
+              last_validation = validation;
+            }
             if (!o.checkpoint.empty()) {
               rt.save_checkpoint(o.checkpoint);
               if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
             }
           }
         }
+        if (r == 0 && !step_seconds.empty()) {
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          std::printf("\ndone: %zu steps in %.1f s; training loss %.4f at step %zu -> %.4f at step %zu, validation "
+                      "loss %.4f\n", step_seconds.size(), seconds, first_loss, first_step, last_loss, o.steps,
+                      last_validation);
+          const auto moved = rt.traffic();
+          const auto cache = rt.cache_stats();
+          const std::string home(cache.home_space.empty() ? std::string_view("home") : cache.home_space);
+          std::string text;
+          const auto add = [&](byte_count bytes, const std::string& what) {
+            if (bytes != 0) text += (text.empty() ? "" : ", ") + format_bytes(bytes) + " " + what;
+          };
+          add(moved.fetched, "of chunks streamed " + home + "->device (" +
+                                 format_bytes(moved.fetched / step_seconds.size()) + " a step)");
+          add(cache.bytes_device_to_home, "written back device->" + home);
+          add(moved.gathered, "gathered from other ranks");
+          add(moved.reduced, "of gradients reduced");
+          add(moved.published, "of updates published");
+          std::printf("moved (rank 0, %zu steps): %s\n", step_seconds.size(), text.empty() ? "nothing" : text.c_str());
+        }
         if (r == 0 && step_seconds.size() > 1) {
           // The steady state: the first step (cold caches, first allocations) is left out.
           std::vector<double> steady(step_seconds.begin() + 1, step_seconds.end());
           std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
-          std::printf("timing: median step %.3f ms over %zu steps (the first excluded), device peak %s, pinned host peak %s\n",
-                      steady[steady.size() / 2] * 1e3, steady.size(), format_bytes(rt.device_stats().peak).c_str(),
+          std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
+                      "device peak %s, pinned host peak %s\n",
+                      steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
+                      format_bytes(rt.device_stats().peak).c_str(),
                       format_bytes(rt.host_stats().peak).c_str());
         }
         if (r == 0 && rt.streamed_chunks() > 0)
@@ -239,41 +397,73 @@ int main(int argc, char** argv) {
 #endif
     }
     const model_profile model = gpt2::trace_profile(o.model);
+    std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
+                "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
+                "live and move (the plan) and says why.\n\n");
     std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, context %zu, batch %zu per rank: %llu "
                 "parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
                 o.model.layers, o.model.channels, o.model.heads, o.model.context, o.model.batch,
                 static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.passes.size(),
                 static_cast<double>(model.total_flops()) / 1e9);
+    std::fflush(stdout);
     std::filesystem::path cache = o.measure_cache;
     if (cache.empty()) {
       const char* home = std::getenv("HOME");
       cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
     }
-    machine_profile machine = measure_or_load<host_backend>(
-        cache, {.device_memory = o.device_budget, .ranks = static_cast<std::uint32_t>(o.ranks)});
+    // The machine as measured (its device memory: a quarter of the available memory per rank on the host backend),
+    // then this run's device budget in its place.
+    machine_profile machine =
+        measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
+    const byte_count measured_memory = machine.device_memory;
+    if (o.device_budget != 0) machine.device_memory = o.device_budget;
     // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
     machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, model, o.ranks);
-    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n",
+    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n\n",
                 machine.device_flops_per_second / 1e9, o.ranks, gemm_flops / 1e9);
-    const auto plans = evaluate<gpt2::trainable_plans>(model, machine);
-    std::size_t chosen = 0;
+    print_memory(o, model, machine.device_memory, measured_memory);
+
+    // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
+    // what each would need before the error does.
+    using plan_set = gpt2::trainable_plans;
+    const auto table_title = [&] {
+      std::printf("\nplans (host backend, %d thread rank(s), device budget %s per rank; * the one trained):\n", o.ranks,
+                  format_bytes(machine.device_memory).c_str());
+    };
+    std::array<prediction, plan_set::size> plans;
+    std::size_t best = 0;
+    try {
+      const auto choice = choose<plan_set>(model, machine);
+      plans = choice.plans;
+      best = choice.index;
+    } catch (const chunkwise::error& e) {
+      if (e.code() != error_code::out_of_memory) throw;
+      table_title();
+      std::printf("%s\n", explain_table<plan_set>(evaluate<plan_set>(model, machine), std::nullopt).c_str());
+      std::fflush(stdout);  // the table before the error, also when stdout is a file
+      throw;
+    }
+    std::size_t chosen = best;
     if (!o.plan.empty()) {
-      chosen = find_plan<gpt2::trainable_plans>(o.plan);
-      if (!plans[chosen].feasible)
+      chosen = find_plan<plan_set>(o.plan);
+      if (!plans[chosen].feasible) {
+        table_title();
+        std::printf("%s\n", explain_table<plan_set>(plans, std::nullopt).c_str());
+        std::fflush(stdout);
         throw_error(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
                                                      format_bytes(plans[chosen].needed) + " of " +
                                                      std::string(to_string(plans[chosen].limit)) + ", the machine has " +
                                                      format_bytes(plans[chosen].available));
-    } else {
-      chosen = choose<gpt2::trainable_plans>(model, machine).index;
+      }
     }
-    std::printf("\nplans (host backend, %d thread rank(s), device budget %s per rank):\n%s\n", o.ranks,
-                format_bytes(machine.device_memory).c_str(),
-                explain_table<gpt2::trainable_plans>(plans, chosen).c_str());
-    std::printf("training with %s%s\n\n", gpt2::trainable_plans::names()[chosen].c_str(),
-                o.plan.empty() ? " (chosen)" : " (forced by --plan)");
-    dispatch<gpt2::trainable_plans>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
+    table_title();
+    std::printf("%s\n", explain_table<plan_set>(plans, chosen).c_str());
+    dispatch<plan_set>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
+      print_choice<plan_set, Plan>(plans, chosen, best, !o.plan.empty(), machine.device_memory);
+    });
+    std::printf("\n");
+    dispatch<plan_set>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
       train<Plan>(o, model, machine, plans[chosen]);
     });
     return 0;

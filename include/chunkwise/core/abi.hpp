@@ -17,7 +17,8 @@
 // component's macro, or includes a header that opens the keyed namespace, opens it too. Keyed today:
 //   CHUNKWISE_HAS_URING  tier/nvme.hpp; runtime/runtime.hpp and runtime/detail/streamed_homes.hpp (NVMe homes);
 //                        measure/ (it measures the NVMe tier; its specialisations follow its primary template).
-// CHUNKWISE_HAS_CUDA/NCCL/MPI only add declarations (the .cuh headers, mpi_comm), so they are not keyed.
+// CHUNKWISE_HAS_CUDA/NCCL/MPI/JSON only add declarations (the .cuh headers, mpi_comm, the JSON headers the umbrellas
+// include), so they are not keyed.
 
 #if CHUNKWISE_HAS_URING
 #define CHUNKWISE_ABI abi1_uring1

@@ -11,6 +11,7 @@
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/core/atomic_file.hpp>  // detail::raise_io
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/measure/measure.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>

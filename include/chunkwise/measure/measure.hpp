@@ -1,12 +1,12 @@
 #pragma once
 // measure<Backend>(): the machine profile from microbenchmarks on this machine, each announced by a progress line;
-// measure_or_load() keeps the result in a JSON cache keyed by a machine fingerprint. The backends' measurements are
+// measure_or_load() (measure/cache.hpp, the json component) keeps the result in a JSON cache keyed by a machine
+// fingerprint. The backends' measurements are
 // specialisations in measure/host.hpp and measure/cuda/measure.cuh. The measure part sits above the parts it
 // measures (tiers, communicators, optimizers); nothing below it includes it.
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/hash.hpp>
-#include <chunkwise/profile/machine_json.hpp>
 #include <chunkwise/profile/machine_profile.hpp>
 
 #include <unistd.h>
@@ -117,26 +117,5 @@ namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <class Backend>
 machine_profile measure(const measure_options& options = {});
-
-/// The cached profile for this machine (`cache_directory`/machine-<fingerprint>.json) if there is one, else a fresh
-/// measurement, saved there atomically.
-template <class Backend>
-machine_profile measure_or_load(const std::filesystem::path& cache_directory, const measure_options& options = {}) {
-  const auto file = cache_directory / ("machine-" + detail::machine_fingerprint() + ".json");
-  if (std::filesystem::exists(file)) {
-    auto cached = load_machine_profile(file);
-    // The cache holds the machine; how it is used (ranks, the device budget) is this run's.
-    const byte_count per_rank_total = cached.device_memory * cached.devices;
-    cached.devices = options.ranks;
-    cached.device_memory = options.device_memory != 0 ? options.device_memory : per_rank_total / options.ranks;
-    options.progress("using the measured profile " + file.string());
-    return cached;
-  }
-  auto measured = measure<Backend>(options);
-  std::filesystem::create_directories(cache_directory);
-  save_machine_profile(measured, file);
-  options.progress("saved " + file.string());
-  return measured;
-}
 
 }  // namespace chunkwise
