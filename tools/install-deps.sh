@@ -13,9 +13,8 @@
 set -euo pipefail
 
 # The default preset configures the tests and benches too (find_package(doctest), find_package(benchmark)), so both
-# belong to the smallest set that runs `cmake --preset default`. No pkg-config: nothing here uses it (and with it but
-# without MPI, FindMPI prints a "not found" line into the main job's configure).
-base=(g++ cmake ninja-build nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev)
+# belong to the smallest set that runs `cmake --preset default`. pkg-config: cmake/Findliburing.cmake asks it first.
+base=(g++ cmake ninja-build pkg-config nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev)
 # The tests besides: the MPI communicator's tests (mpiexec), the PyTorch exporter's test (a venv from
 # tools/python-env.sh needs python3-venv), bench/compare/nvme.sh (fio).
 tests=(libopenmpi-dev openmpi-bin python3 python3-venv fio)
