@@ -3,7 +3,12 @@
 # On by default where find_package(MPI) finds a C++ MPI (Debian: libopenmpi-dev openmpi-bin).
 # Included from the top-level CMakeLists.txt after the other components; appends to chunkwise_components.
 find_package(MPI QUIET COMPONENTS CXX)
-option(CHUNKWISE_MPI "Build the MPI communicator component (chunkwise::mpi)" ${MPI_CXX_FOUND})
+# Not an option() with the detection as its default: that is cached at the first configure, so a build directory
+# configured before Open MPI was installed (Quick start line 1, then line 2) would never build it. -DCHUNKWISE_MPI=ON/OFF
+# still decides.
+if(NOT DEFINED CACHE{CHUNKWISE_MPI})
+  set(CHUNKWISE_MPI ${MPI_CXX_FOUND})
+endif()
 if(CHUNKWISE_MPI)
   if(NOT MPI_CXX_FOUND)
     find_package(MPI REQUIRED COMPONENTS CXX)  # reports what is missing
