@@ -69,6 +69,16 @@ function(json_get var json)
 endfunction()
 
 # require_json(<json> <what>): stops the suite (with the failures so far) unless <json> is a JSON object.
+# Each FIELD:TYPE (TYPE as expect_type takes it) is a top-level member of JSON with that type.
+function(expect_fields json)
+  foreach(_field_type IN LISTS ARGN)
+    string(REPLACE ":" ";" _field_type ${_field_type})
+    list(GET _field_type 0 _field)
+    list(GET _field_type 1 _type)
+    expect_type("${json}" ${_type} ${_field})
+  endforeach()
+endfunction()
+
 function(require_json json what)
   string(JSON _type ERROR_VARIABLE _error TYPE "${json}")
   if(_error OR NOT _type STREQUAL "OBJECT")
@@ -286,15 +296,10 @@ elseif(SUITE STREQUAL "json")
   # Four ranks of 11 GiB: some plans fit, some do not, so both kinds of plans[] entries appear.
   run_plan(report EXPECT 0 STDOUT_VAR j ARGS --model gpt2-124m --gpus 4 --gpu-mem 11GiB --json)
   require_json("${j}" report)
-  foreach(_field_type format:STRING version:INTEGER model:STRING params:INTEGER tensors:INTEGER tensor_list:ARRAY
+  expect_fields("${j}" format:STRING version:INTEGER model:STRING params:INTEGER tensors:INTEGER tensor_list:ARRAY
                       passes:INTEGER tensor_bytes:INTEGER peak_activation_bytes:INTEGER ranks:INTEGER
                       alignment:INTEGER machine:OBJECT layouts:ARRAY chosen:STRING_OR_NULL no_fit:STRING_OR_NULL
                       plans:ARRAY)
-    string(REPLACE ":" ";" _field_type ${_field_type})
-    list(GET _field_type 0 _field)
-    list(GET _field_type 1 _type)
-    expect_type("${j}" ${_type} ${_field})
-  endforeach()
   json_get(format "${j}" format)
   json_get(version "${j}" version)
   expect("format chunkwise.plan_report version 1 (${format} ${version})"
@@ -349,18 +354,13 @@ elseif(SUITE STREQUAL "json")
 
   # machine: the machine profile's JSON.
   json_get(m "${j}" machine)
-  foreach(_field_type format:STRING version:INTEGER name:STRING fingerprint:STRING kind:STRING devices:INTEGER
+  expect_fields("${m}" format:STRING version:INTEGER name:STRING fingerprint:STRING kind:STRING devices:INTEGER
                       device_memory:INTEGER host_memory:INTEGER nvme_capacity:INTEGER
                       host_to_device_bytes_per_second:NUMBER device_to_host_bytes_per_second:NUMBER
                       nvme_read_bytes_per_second:NUMBER nvme_write_bytes_per_second:NUMBER all_gather:ARRAY
                       reduce_scatter:ARRAY all_reduce:ARRAY collective_latency_seconds:NUMBER
                       device_optimizer_params_per_second:NUMBER host_optimizer_params_per_second:NUMBER
                       device_flops_per_second:NUMBER)
-    string(REPLACE ":" ";" _field_type ${_field_type})
-    list(GET _field_type 0 _field)
-    list(GET _field_type 1 _type)
-    expect_type("${m}" ${_type} ${_field})
-  endforeach()
   expect_type("${m}" INTEGER all_gather 0 message_bytes)
   expect_type("${m}" NUMBER all_gather 0 bytes_per_second)
   json_get(devices "${m}" devices)
