@@ -120,7 +120,7 @@ std::vector<std::exception_ptr> train(int ranks, const run_options& run, const s
       try {
         auto comm = world.comm(r);
         dispatch<runtime_plans>(plan_of(r), [&]<class Plan>(std::type_identity<Plan>) {
-          runtime<Plan, thread_comm> rt(run.model, comm, [](std::uint32_t, std::span<float> v) {
+          runtime<Plan, host_backend, thread_comm> rt(run.model, comm, [](std::uint32_t, std::span<float> v) {
             std::fill(v.begin(), v.end(), 0.5f);
           }, run.runtime);
           if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
@@ -420,7 +420,7 @@ TEST_CASE("ranks that disagree on the plan") {
     threads.emplace_back([&, r] {
       try {
         auto comm = world.comm(r);
-        runtime<zero2_plan, thread_comm> rt(runtime_model(), comm, [](std::uint32_t, std::span<float>) {},
+        runtime<zero2_plan, host_backend, thread_comm> rt(runtime_model(), comm, [](std::uint32_t, std::span<float>) {},
                                             {.alignment = r == 0 ? 256u : 512u});
       } catch (...) {
         knob_errors[static_cast<std::size_t>(r)] = std::current_exception();

@@ -8,6 +8,7 @@
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/gpt2.hpp>
+#include <chunkwise/backend/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -93,7 +94,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         options.device_blocks = run.device_blocks;
         if (!run.nvme_directory.empty()) options.nvme_directory = run.nvme_directory;
         if (run.micro_batches > 0) options.handover = gradient_handover::explicit_calls;
-        runtime<Plan, thread_comm> rt(
+        runtime<Plan, host_backend, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, seed),
             options);
@@ -351,7 +352,7 @@ TEST_CASE("a checkpoint of another model is rejected with what it was saved for"
   const auto other = gpt2_profile(gpt2::profile_config(config));
   thread_world world(1);
   auto comm = world.comm(0);
-  runtime<zero2_plan, thread_comm> rt(other, comm, gpt2::initializer(config, seed));
+  runtime<zero2_plan, host_backend, thread_comm> rt(other, comm, gpt2::initializer(config, seed));
   CHECK_THROWS_WITH_AS(rt.load_checkpoint(dir), doctest::Contains("was saved for another model"), error);
   std::filesystem::remove_all(dir);
 }
@@ -486,9 +487,9 @@ TEST_CASE("grad_ready is refused where it cannot be meant") {
   const auto model = gpt2_profile(gpt2::profile_config(config));
   thread_world world(1);
   auto comm = world.comm(0);
-  runtime<zero2_plan, thread_comm> profiled(model, comm, gpt2::initializer(config, seed));
+  runtime<zero2_plan, host_backend, thread_comm> profiled(model, comm, gpt2::initializer(config, seed));
   CHECK_THROWS_WITH_AS(profiled.grad_ready(0), doctest::Contains("gradient_handover::explicit_calls"), error);
-  runtime<zero2_plan, thread_comm> explicit_rt(model, comm, gpt2::initializer(config, seed),
+  runtime<zero2_plan, host_backend, thread_comm> explicit_rt(model, comm, gpt2::initializer(config, seed),
                                                {.handover = gradient_handover::explicit_calls});
   explicit_rt.grad_ready(1);
   CHECK_THROWS_WITH_AS(explicit_rt.grad_ready(1), doctest::Contains("already handed over"), error);

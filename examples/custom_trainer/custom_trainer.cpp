@@ -76,7 +76,7 @@ std::vector<std::vector<float>> train(const options& o, const model_profile& mod
         settings.device_budget = machine.device_memory;
         settings.chunk_bytes = chosen.knobs.chunk_bytes;
         settings.device_blocks = chosen.knobs.device_blocks;
-        runtime<Plan, thread_comm> rt(model, comm, mlp::initialize, settings);
+        runtime<Plan, host_backend, thread_comm> rt(model, comm, mlp::initialize, settings);
         if (o.resume) rt.load_checkpoint(o.checkpoint);  // saved under any plan, with any rank count
         const std::size_t rows = mlp::batch / o.ranks, first = rt.steps() + 1;
         if (o.resume && r == 0) std::printf("resumed from %s after step %zu\n", o.checkpoint.c_str(), first - 1);

@@ -20,6 +20,7 @@
 #include <chunkwise/plan/search.hpp>
 #include <chunkwise/measure/cache.hpp>
 #include <chunkwise/measure/host.hpp>
+#include <chunkwise/backend/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include "chunked_trainer.hpp"
@@ -258,7 +259,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         runtime_settings.device_blocks = chosen.knobs.device_blocks;
         runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
         if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
-        runtime<Plan, thread_comm> rt(
+        runtime<Plan, host_backend, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, o.seed),
             runtime_settings);

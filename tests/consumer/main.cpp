@@ -8,6 +8,7 @@
 #include <chunkwise/layout/min_waste.hpp>
 #include <chunkwise/plan.hpp>
 #include <chunkwise/profile.hpp>
+#include <chunkwise/backend/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include <cstdio>
@@ -36,7 +37,7 @@ std::size_t train_one_step(const model_profile& model, const prediction& chosen)
   const auto initialize = [](std::uint32_t, std::span<float> values) {
     for (auto& v : values) v = 0.5f;
   };
-  runtime<Plan, thread_comm> rt(model, comm, initialize, settings);
+  runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, settings);
   rt.zero_grad();
   for (std::size_t pass = 0; pass < model.passes.size(); ++pass) {
     const auto in_use = rt.use(pass);

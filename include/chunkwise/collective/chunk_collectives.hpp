@@ -51,6 +51,8 @@ class chunk_collectives {
   }
 
   [[nodiscard]] int rank() const { return world_->rank(); }
+  /// The communicator of every rank (for what is not a chunk operation: norms, agreements).
+  [[nodiscard]] Comm& world() const { return *world_; }
   [[nodiscard]] int ranks() const { return world_->size(); }
   /// Ranks a chunk is cut over (1 when it is not cut).
   [[nodiscard]] int shard_ranks() const { return Strategy::shards_gradients ? shard_comm().size() : 1; }

@@ -191,11 +191,14 @@ class device_cache {
     if (failure) std::rethrow_exception(failure);
   }
 
-  /// Drops the cached copy of `chunk` because its home changed (the optimizer updated it there): the next acquire
+  /// Drops the cached copy of `chunk` because its home changes (the optimizer updates it there): the next acquire
   /// fetches the new bytes. Waits for a fetch of it still in flight, so the home may be rewritten on return. A copy
   /// that is acquired or dirty cannot be dropped (its user or its changes would be lost): illegal_state.
-  void invalidate(std::uint32_t chunk) {
+  /// `home_changed`: when the change is still running elsewhere (an update beside backward), its completion; every
+  /// later fetch of the chunk, a prefetch too, is ordered after it.
+  void invalidate(std::uint32_t chunk, transfer_type home_changed = {}) {
     check_chunk(chunk, "invalidate");
+    if (!home_changed.ready()) last_write_back_[chunk] = std::move(home_changed);
     const std::int32_t b = chunk_block_[chunk];
     if (b == no_block) return;
     auto& slot = blocks_[static_cast<std::size_t>(b)];

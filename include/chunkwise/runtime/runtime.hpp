@@ -1,251 +1,144 @@
 #pragma once
-// runtime<Plan, Comm>: executes a plan's chunk life cycle for a trainer, on the host backend.
+// runtime<Plan, Backend, Comm>: executes a plan's chunk life cycle for a trainer, on any backend and communicator.
 //
-// The trainer runs the profiled passes in order; around each it calls acquire(pass) / release(pass) and reads
-// parameter(t) / gradient(t) of the pass's tensors in between, then calls step(lr) once per iteration:
-//   acquire   gathers the pass's chunks where the collective shards parameters (all-gather of the home shards into
-//             the full chunk), counts the use;
-//   release   after a chunk's last backward use its gradients are complete: they are reduced (all-reduce or
-//             reduce-scatter, averaging over ranks) while the trainer goes on; a sharded chunk's gathered copy is
-//             dropped after forward use (ZeRO-3 gathers again for backward);
-//   step      waits for the reductions, runs AdamW (the SIMD CPU kernel) on each chunk's owned elements, and
-//             publishes the update (ZeRO-2 all-gathers the updated shards).
-// Every chunk moves through chunk_state's checked life cycle; statistics() sums the transitions.
-//
-// Memory comes from tiers with byte budgets. The device tier (host memory on the host backend) holds the resident
-// chunks' parameters, the device cache's blocks, the gathered copies of chunks in use and the gradient accumulators
-// (taken at a chunk's first backward use, given back when its reduction completes; a tight budget waits for the
-// oldest reduction rather than fail), and the optimizer states of chunks updated on the device. The pinned host tier
-// holds the owned gradients and Adam moments of chunks updated on the host (optimizer_offload, optimizer_auto:
-// runtime_options::offloaded_chunks of the resident chunks, the last in first-use order) and of streamed chunks.
-//
-// Placements: `resident` keeps every chunk on the device. `cached<Space>` and `split<Space>` keep
-// Placement::resident_chunks(n, device_blocks) chunks resident (the first in first-use order, as the cost model
-// assumes) and stream the others from their home in Space (pinned host, host or NVMe) through a device cache of the
-// remaining blocks, prefetched along the profiled order (runtime/detail/streamed_homes.hpp). A streamed chunk's
-// optimizer runs where its states are: on its home. A budget that cannot hold a plan fails at construction with the
-// tier's numbers.
-#include <chunkwise/core/abi.hpp>
+// The trainer runs the profiled passes in order; around each it calls acquire(pass) / release(pass) (or holds
+// use(pass)) and reads parameter(t) / gradient(t) of the pass's tensors in between, then calls step() once per
+// iteration. This class only wires the parts the plan supplies and keeps each chunk's record (chunk_record.hpp):
+//   home_storage       where parameters and moments live between uses (resident, or streamed through the device
+//                      cache from pinned host, host or NVMe), fetched ahead along the profiled order;
+//   gradient_pipeline  gradient accumulators, hand-over, reductions overlapping compute;
+//   optimizer_stage    AdamW where the states live, each chunk's update beside the rest of backward when it can;
+//                      ZeRO-2's publication at step();
+//   checkpoint.hpp     sharded, atomic checkpoints with resharding.
+// Collectives that shard parameters (ZeRO-3, hybrid) gather each chunk prefetch_depth passes ahead of its use and
+// drop the gathered copy after forward. Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget
+// that cannot hold a plan fails at construction with the tier's numbers.
+#include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
-#include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/hash.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
-#include <chunkwise/optim/cpu_adam.hpp>
-#include <chunkwise/placement/concepts.hpp>
 #include <chunkwise/plan/layout_candidates.hpp>
-#include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
-#include <chunkwise/core/atomic_file.hpp>
-#include <chunkwise/runtime/checkpoint_file.hpp>
-#include <chunkwise/runtime/chunk_state.hpp>
-#include <chunkwise/runtime/detail/streamed_homes.hpp>
-#include <chunkwise/runtime/detail/tier_buffer.hpp>
-#include <chunkwise/tier/emulated_device.hpp>
+#include <chunkwise/runtime/backend_parts.hpp>
+#include <chunkwise/runtime/checkpoint.hpp>
+#include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/rank_agreement.hpp>
+#include <chunkwise/runtime/gradient_pipeline.hpp>
+#include <chunkwise/runtime/home_storage.hpp>
+#include <chunkwise/runtime/optimizer_stage.hpp>
+#include <chunkwise/runtime/options.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
-#include <chunkwise/core/checksum.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <exception>
 #include <filesystem>
-#include <functional>
-#include <list>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace chunkwise::inline CHUNKWISE_ABI {
 
-/// Bytes this rank's collectives moved into its buffers: gathered parameters, reduced gradients, published updates.
-struct runtime_traffic {
-  byte_count gathered = 0;
-  byte_count reduced = 0;
-  byte_count published = 0;
-  byte_count fetched = 0;       // streamed chunks: home -> device through the cache
-  [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published + fetched; }
-};
-
-/// When a chunk's gradients are complete and its reduction may start.
-enum class gradient_handover : std::uint8_t {
-  profile,   // at the release of its last backward pass in the profile (one forward and backward per step())
-  explicit_calls,  // when the trainer has called grad_ready for each of its tensors (gradient accumulation over
-                   // micro-batches, or any order the profile does not know)
-};
-
-struct runtime_options {
-  optim::adam_config adam{};
-  unsigned optimizer_threads = 1;
-  byte_count alignment = 256;
-  byte_count device_budget = ~byte_count{0};  // bytes of the device tier per rank
-  byte_count host_budget = ~byte_count{0};    // bytes of the pinned host tier per rank
-  /// Chunks whose optimizer states live off the device; unset: none for optimizer_follows_home, all for
-  /// optimizer_offload, the policy's smallest fraction for optimizer_auto (give the planner's knob).
-  std::optional<std::size_t> offloaded_chunks{};
-  /// cached<> and split<>: device blocks of one chunk's home part each (the planner's knob; resident chunks take one
-  /// each, the cache the rest). Unset: cached<> streams through max(2, widest pass) blocks, split<> keeps half the
-  /// chunks resident.
-  std::optional<std::size_t> device_blocks{};
-  /// The chunk capacity the search chose among the layout's candidates (prediction::knobs.chunk_bytes); unset: the
-  /// layout's own choice.
-  std::optional<byte_count> chunk_bytes{};
-  std::size_t prefetch_depth = 2;  // accesses of the profiled order fetched ahead
-  gradient_handover handover = gradient_handover::profile;
-  std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // NVMe homes: the store's directory
-};
-
-/// Fills a tensor's initial values: (tensor index, its elements).
-using tensor_initializer = std::function<void(std::uint32_t, std::span<float>)>;
-
-template <class Plan, communicator Comm>
+template <class Plan, backend Backend, communicator Comm>
 class runtime {
   using collective = typename Plan::collective;
   using placement = typename Plan::placement;
-  static constexpr bool streams = placement::uses_device_cache;
-  struct no_streamed_homes {};
-  using homes_type = std::conditional_t<streams, detail::streamed_homes<typename placement::home_space>, no_streamed_homes>;
+  using record = chunk_record<Comm>;
+  using device_tier = typename backend_parts<Backend>::device_tier;
+  using homes_type = home_storage<placement, Backend>;
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
-      : model_(model),
+      : model_(checked(model)),
         comm_(&comm),
         plan_agreed_(agree_on_plan(model, comm, options)),
         ops_(collective::bind(comm)),
         map_(build_layout(model, {static_cast<std::uint32_t>(comm.size()), options.alignment}, options.chunk_bytes)),
-        adam_(options.adam, {.threads = options.optimizer_threads}),
+        pass_chunks_(chunks_by_pass(model_, map_)),
         device_(options.device_budget),
-        host_(options.host_budget) {
-    validate(model_);
-    for (const auto& t : model_.tensors)
-      if (t.type != dtype::fp32)
-        detail::raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " +
-                                                   std::string(to_string(t.type)) +
-                                                   "; this runtime holds fp32 parameters (mixed precision comes with "
-                                                   "the optimizer's working copies)");
-    const std::size_t chunk_count = map_.chunks.size();
-    last_backward_.assign(chunk_count, no_pass);
-    for (std::size_t s = 0; s < model_.passes.size(); ++s)
-      if (model_.passes[s].kind == pass_kind::backward)
-        for (const auto c : chunks_of(s)) last_backward_[c] = s;
-    handover_ = options.handover;
-    tensor_ready_.assign(model_.tensors.size(), 0);
-    chunk_ready_.assign(chunk_count, 0);
-    const std::size_t resident = resident_chunk_count(options);
-    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer_execution::min_offload_fraction *
-                                                                static_cast<double>(resident) + 0.5);
-    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), resident);
-    if (Plan::optimizer_execution::max_offload_fraction == 0.0 && offloaded != 0)
-      detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
-                                                  "device; offloaded_chunks must be 0 (use optimizer_auto or "
-                                                  "optimizer_offload to move states to the host)");
-    for (std::uint32_t c = 0; c < chunk_count; ++c) {
-      const std::size_t n = map_.chunks[c].capacity / sizeof(float);
-      chunk_buffers b;
-      b.index = c;
-      b.owned = ops_.template owned<float>(n);
-      b.full_elements = ops_.template full_elements<float>(n);
-      b.home_elements = collective::shards_parameters ? b.owned.elements : b.full_elements;
-      b.streamed = c >= resident;
-      b.local = b.streamed ? c - static_cast<std::uint32_t>(resident) : 0;
-      b.states_on_device = c < resident - offloaded;
-      chunks_.push_back(std::move(b));
-    }
-    if constexpr (streams)
-      if (resident < chunk_count) start_streaming(options, resident);
+        host_(options.host_budget),
+        chunks_(make_records(options)),
+        homes_(backend_, device_, host_, options.host_budget, make_home_layout(options)),
+        gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches),
+        optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm}, ops_, homes_,
+                   chunks_),
+        prefetch_depth_(options.prefetch_depth) {
     std::vector<float> staging;
     for (auto& b : chunks_) {
       // The whole chunk, initialised tensor by tensor; this rank keeps its home part.
       staging.assign(b.full_elements, 0.0f);
       for (const auto& slot : map_.chunks[b.index].slots)
         initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
-      const std::size_t first = b.home_first();
-      const auto state_buffer = [&] {
-        return b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
-                                  : detail::tier_buffer(host_, b.owned.elements);
-      };
-      b.owned_gradient = state_buffer();
-      if (b.streamed) {
-        with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float>, std::span<float>) {
-          std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(first), b.home_elements, home.begin());
-        });
-        b.life = chunk_life(b.index);
-        continue;
-      }
-      b.home = detail::tier_buffer(device_, b.home_elements);
-      std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(first), b.home_elements, b.home.begin());
-      b.moment1 = state_buffer();
-      b.moment2 = state_buffer();
-      b.life = chunk_life(b.index, collective::shards_parameters ? chunk_state::released : chunk_state::ready);
-      b.compute = b.home.data();
+      homes_.update(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
+        std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(b.home_first()), b.home_elements, home.begin());
+      });
     }
-    if constexpr (streams)
-      if (homes_) homes_->prefetch_ahead();
+    start_iteration();
+  }
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+  ~runtime() {
+    for (auto& b : chunks_) {  // collectives still writing into this rank's buffers (prefetched gathers)
+      try {
+        b.fetch.wait();
+        b.reduction.wait();
+      } catch (...) {  // the run already failed; its own error was reported
+      }
+    }
   }
 
   [[nodiscard]] const chunk_map& layout() const noexcept { return map_; }
 
   void acquire(std::size_t pass) {
     check_pass(pass, "acquire");
-    reclaim_gradients(/*wait_for_oldest=*/false);
+    progress();
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
-    for (const auto c : chunks_of(pass)) {
+    for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
-      if (b.life.state() == chunk_state::released) {
-        b.life.start_fetch();
-        fetch_parameters(b);
-        b.life.arrived();
-      }
-      if (backward && b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements);
+      if (b.life.state() == chunk_state::released) start_fetch(b, /*prefetch=*/false);
+      if (b.life.state() == chunk_state::fetching) finish_fetch(b);
+      if (backward) gradients_.backward_acquire(b, reduced_sink());
       b.life.acquire();
     }
+    prefetch(pass + 1, pass + 1 + prefetch_depth_);
   }
 
   void release(std::size_t pass) {
     check_pass(pass, "release");
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
-    for (const auto c : chunks_of(pass)) {
+    for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
-      const bool gradients_complete = handover_ == gradient_handover::profile && backward &&
-                                      last_backward_[c] == pass && b.life.users() == 1;
+      const bool gradients_complete = gradients_.completes_at_release(b, pass, backward);
       b.life.release(gradients_complete);
       if (gradients_complete) {
         start_reduction(b);
-      } else if (b.life.state() == chunk_state::ready && (b.streamed || (collective::shards_parameters && !backward))) {
-        // Streamed chunks give their cache block back; ZeRO-3 drops the gathered copy after forward (backward
-        // gathers again).
+      } else if (b.life.state() == chunk_state::ready && !used_next(c, pass) &&
+                 (homes_.streamed(c) ||
+                  (collective::shards_parameters && (!backward || !gradients_.used_later_in_backward(b, pass))))) {
+        // Unless the next pass uses it too, a streamed chunk gives its cache block back, and ZeRO-3 drops the
+        // gathered copy after forward (backward gathers again) and after a micro-batch's last backward use.
         b.life.evict();
         drop_parameters(b);
       }
-      if (handed_over(b)) {
+      if (gradients_.handed_over(b)) {
         b.life.handed_over();
         start_reduction(b);
       }
     }
+    progress();
   }
 
   /// Explicit hand-over (runtime_options::handover = explicit_calls): tensor t's gradient is complete for this
   /// iteration. A chunk's reduction starts once all its tensors are handed over and no pass uses it.
   void grad_ready(std::uint32_t tensor) {
-    const auto c = chunk_of(tensor);
-    if (handover_ != gradient_handover::explicit_calls)
-      detail::raise(error_code::illegal_state, "runtime::grad_ready: this runtime hands gradients over by the profile "
-                                               "(at each chunk's last backward release); set runtime_options::"
-                                               "handover = gradient_handover::explicit_calls to call grad_ready");
-    if (tensor_ready_[tensor])
-      detail::raise(error_code::illegal_state, "runtime::grad_ready: tensor " + std::to_string(tensor) + " ('" +
-                                                   model_.tensors[tensor].name.str() +
-                                                   "') was already handed over in this iteration");
-    tensor_ready_[tensor] = 1;
-    ++chunk_ready_[c];
-    auto& b = chunks_[c];
-    if (handed_over(b)) {
+    auto& b = chunks_[chunk_of(tensor)];
+    gradients_.grad_ready(tensor, b, model_.tensors[tensor].name.view());
+    if (gradients_.handed_over(b)) {
       b.life.handed_over();
       start_reduction(b);
     }
@@ -275,16 +168,22 @@ class runtime {
   }
 
   /// The parameters of tensor t: valid between acquire and release of a pass that touches it.
-  std::span<float> parameter(std::uint32_t tensor) { return view(tensor, compute_parameters(chunk_of(tensor))); }
+  std::span<float> parameter(std::uint32_t tensor) {
+    auto& b = chunks_[chunk_of(tensor)];
+    if (b.life.state() != chunk_state::in_use)
+      detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(b.index) +
+                                                   " read while " + std::string(to_string(b.life.state())) +
+                                                   "; acquire a pass that uses it first");
+    return view(tensor, b.compute);
+  }
   /// Its gradient accumulator (the trainer adds into it): valid between acquire and release of a backward pass.
   std::span<float> gradient(std::uint32_t tensor) {
-    const auto c = chunk_of(tensor);
-    auto& b = chunks_[c];
+    auto& b = chunks_[chunk_of(tensor)];
     if (b.life.state() != chunk_state::in_use || b.gradient.size() == 0)
       detail::raise(error_code::illegal_state, "runtime: gradient of tensor " + std::to_string(tensor) + " (chunk " +
-                                                   std::to_string(c) + ") asked for outside a backward pass that "
-                                                   "uses it; gradients exist from a chunk's first backward acquire "
-                                                   "until its reduction");
+                                                   std::to_string(b.index) + ") asked for outside a backward pass "
+                                                   "that uses it; gradients exist from a chunk's first backward "
+                                                   "acquire until its reduction");
     return view(tensor, b.gradient.data());
   }
 
@@ -294,147 +193,66 @@ class runtime {
     for (auto& b : chunks_) std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
   }
 
-  /// One AdamW update of every chunk with learning rate lr, after the iteration's last release.
+  /// Ends the iteration with learning rate lr: every chunk's AdamW update (runtime_options::learning_rate unset).
   void step(float lr) {
-    ++steps_;
-    for (auto& b : chunks_) {
-      if (b.life.state() != chunk_state::grad_pending)
-        detail::raise(error_code::illegal_state,
-                      "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
-                          ", not grad_pending: run every backward pass (acquire and release) before step()");
-      b.reduction.wait();
-      b.reduction = {};
-      b.gradient = {};
-      b.life.reduced();
-      with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-        const std::span<float> owned = ops_.template owned_params<float>(home);
-        const optim::chunk_arrays state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
-                                       moment2.data(), nullptr, dtype::fp32, b.owned.valid};
-        adam_.step(state, {.lr = lr, .step = steps_});
-        ops_.template publish_update<float>(home).wait();
-        if constexpr (collective::shards_gradients && !collective::shards_parameters)
-          traffic_.published += (home.size() - owned.size()) * sizeof(float);
-      });
-      b.life.updated(/*on_device=*/!collective::shards_parameters && !b.streamed);
-    }
-    reducing_.clear();
-    std::fill(tensor_ready_.begin(), tensor_ready_.end(), 0);
-    std::fill(chunk_ready_.begin(), chunk_ready_.end(), 0);
-    if constexpr (streams)
-      if (homes_) homes_->prefetch_ahead();
+    if (optimizer_.has_schedule())
+      detail::raise(error_code::illegal_state, "runtime::step(lr): this runtime takes its learning rate from "
+                                               "runtime_options::learning_rate; call step()");
+    finish_step(lr);
+  }
+  /// Ends the iteration at the scheduled learning rate; updates that started during backward are waited for.
+  void step() {
+    if (!optimizer_.has_schedule())
+      detail::raise(error_code::illegal_state, "runtime::step(): no learning-rate schedule was given; set "
+                                               "runtime_options::learning_rate or call step(lr)");
+    finish_step(std::nullopt);
   }
 
   /// A copy of tensor t's current parameters. A collective call for plans that shard parameters: every rank calls it,
   /// for the same tensors in the same order.
   std::vector<float> read_parameters(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    std::vector<float> home;
-    with_state(b, /*write=*/false, [&](std::span<float> values, std::span<float>, std::span<float>) {
-      home.assign(values.begin(), values.end());
+    std::vector<float> values;
+    homes_.read(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
+      values.assign(home.begin(), home.end());
     });
-    const float* base = home.data();
-    std::vector<float> gathered;
     if constexpr (collective::shards_parameters) {
-      gathered.assign(b.full_elements, 0.0f);
-      ops_.template gather_params<float>(std::span<float>(home), std::span<float>(gathered)).wait();
-      base = gathered.data();
+      std::vector<float> gathered(b.full_elements, 0.0f);
+      ops_.template gather_params<float>(std::span<const float>(values), std::span<float>(gathered)).wait();
+      values = std::move(gathered);
     }
     const std::size_t first = map_.locations[tensor].offset / sizeof(float);
-    return {base + first, base + first + model_.tensors[tensor].elements};
+    return {values.begin() + static_cast<std::ptrdiff_t>(first),
+            values.begin() + static_cast<std::ptrdiff_t>(first + model_.tensors[tensor].elements)};
   }
 
-  // ---- checkpoints (format and commit protocol: runtime/checkpoint_file.hpp) ----
-
-  /// Saves the training state: each rank writes its owned pieces of every tensor, then rank 0 commits the step. A
-  /// collective call between steps (after step()); if any rank fails, every rank throws and the previous checkpoint
-  /// stays the committed one.
-  void save_checkpoint(const std::filesystem::path& directory) {
-    char step_name[32];
-    std::snprintf(step_name, sizeof step_name, "step-%09llu", static_cast<unsigned long long>(steps_));
-    const auto step_directory = directory / step_name;
-    agree("save", directory, [&] {
-      std::vector<checkpoint_piece> pieces;
-      std::vector<std::vector<float>> values;
-      for (auto& b : chunks_)
-        with_state(b, /*write=*/false, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-          const std::size_t owned_end = b.owned_end(), home_first = b.home_first();
-          for (const auto& slot : map_.chunks[b.index].slots) {
-            const std::size_t first = slot.offset / sizeof(float);
-            const std::size_t lo = std::max(first, b.owned.offset);
-            const std::size_t hi = std::min(first + model_.tensors[slot.tensor].elements, owned_end);
-            if (lo >= hi) continue;
-            const std::size_t n = hi - lo;
-            std::vector<float> v(3 * n);
-            std::copy_n(home.begin() + static_cast<std::ptrdiff_t>(lo - home_first), n, v.begin());
-            std::copy_n(moment1.begin() + static_cast<std::ptrdiff_t>(lo - b.owned.offset), n, v.begin() + static_cast<std::ptrdiff_t>(n));
-            std::copy_n(moment2.begin() + static_cast<std::ptrdiff_t>(lo - b.owned.offset), n, v.begin() + static_cast<std::ptrdiff_t>(2 * n));
-            pieces.push_back({slot.tensor, lo - first, n});
-            values.push_back(std::move(v));
-          }
-        });
-      std::filesystem::create_directories(step_directory);
-      write_file_atomically(checkpoint_rank_file(step_directory, static_cast<std::uint64_t>(ops_.rank()),
-                                                 static_cast<std::uint64_t>(ops_.ranks())),
-                            encode_checkpoint(identity(), std::move(pieces), values));
-    });
-    // Every rank's file is complete: commit, then drop older steps.
-    agree("commit", directory, [&] {
-      if (ops_.rank() != 0) return;
-      write_file_atomically(directory / "LATEST", std::string(step_name) + " " + std::to_string(ops_.ranks()));
-      for (const auto& entry : std::filesystem::directory_iterator(directory))
-        if (entry.is_directory() && entry.path().filename().string().rfind("step-", 0) == 0 &&
-            entry.path().filename() != step_name)
-          std::filesystem::remove_all(entry.path());
-    });
-  }
-
-  /// Restores the committed checkpoint of `directory`, saved with any rank count and any plan of the same model
-  /// (resharding: each rank reads the pieces that overlap what it owns here). A collective call: the ranks agree on
-  /// the outcome, so a file that one rank cannot load fails every rank (never a hang), and nothing is restored
-  /// unless every rank has everything it needs.
+  /// Saves the training state (runtime/checkpoint.hpp): a collective call between steps; if any rank fails, every
+  /// rank throws and the previous checkpoint stays the committed one.
+  void save_checkpoint(const std::filesystem::path& directory) { chunkwise::save_checkpoint(site(), directory); }
+  /// Restores the committed checkpoint of `directory`, saved with any rank count and any plan of the same model.
   void load_checkpoint(const std::filesystem::path& directory) {
-    std::vector<staged_chunk> staged;
-    std::uint64_t steps = 0;
-    agree("load", directory, [&] { staged = read_checkpoint(directory, steps); });
-    for (auto& b : chunks_) {
-      auto& from = staged[b.index];
-      with_state(b, /*write=*/true, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-        std::copy(from.home.begin(), from.home.end(), home.begin());
-        std::copy(from.moment1.begin(), from.moment1.end(), moment1.begin());
-        std::copy(from.moment2.begin(), from.moment2.end(), moment2.begin());
-      });
-      b.life = chunk_life(b.index, collective::shards_parameters || b.streamed ? chunk_state::released
-                                                                               : chunk_state::ready);
-    }
-    steps_ = steps;
+    settle_fetches();
+    for (auto& b : chunks_) homes_.invalidate(b.index);
+    steps_ = chunkwise::load_checkpoint(site(), directory);
+    for (auto& b : chunks_) b.life = chunk_life(b.index, initial_state(b.index));
+    start_iteration();
   }
 
-  [[nodiscard]] runtime_traffic traffic() const noexcept {
-    runtime_traffic t = traffic_;
-    t.fetched = cache_stats().bytes_home_to_device;
-    return t;
+  [[nodiscard]] runtime_traffic traffic() const {
+    return {gathered_bytes_, gradients_.bytes_reduced(), optimizer_.bytes_published(), cache_stats().bytes_home_to_device};
   }
   /// The device cache of streamed chunks: hits, misses, prefetches, bytes moved, time acquire stalled (all zero when
   /// every chunk is resident).
-  [[nodiscard]] chunkwise::cache_stats cache_stats() const noexcept {
-    if constexpr (streams)
-      if (homes_) return homes_->stats();
-    return {};
-  }
-  /// Peak and current bytes of the streamed chunks' home tier (pinned host, host or the NVMe store; zero when every
-  /// chunk is resident).
-  [[nodiscard]] tier_stats home_stats() const noexcept {
-    if constexpr (streams)
-      if (homes_) return homes_->home_stats();
-    return {};
-  }
+  [[nodiscard]] chunkwise::cache_stats cache_stats() const { return homes_.stats(); }
+  /// Peak and current bytes of the streamed chunks' home tier (zero when every chunk is resident).
+  [[nodiscard]] tier_stats home_stats() const { return homes_.home_stats(); }
   /// Chunks streamed from the placement's home (0 for resident placements).
-  [[nodiscard]] std::size_t streamed_chunks() const noexcept {
-    if constexpr (streams)
-      if (homes_) return homes_->chunks();
-    return 0;
-  }
+  [[nodiscard]] std::size_t streamed_chunks() const noexcept { return homes_.streamed_chunks(); }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+  /// The global gradient norm of the last step, before clipping (NaN unless runtime_options::clip_norm is set).
+  [[nodiscard]] double last_grad_norm() const noexcept { return optimizer_.last_grad_norm(); }
+  /// Whether each chunk's optimizer update runs beside the rest of backward (runtime/optimizer_stage.hpp).
+  [[nodiscard]] bool updates_overlap_backward() const noexcept { return optimizer_.overlaps(); }
 
   /// Peak and current bytes of this rank's device and pinned host tiers.
   [[nodiscard]] tier_stats device_stats() const noexcept { return device_.stats(); }
@@ -447,167 +265,136 @@ class runtime {
   }
 
  private:
-  /// Runs `body`; then the ranks agree: if any rank failed, every rank throws (its own error, or one naming how many
-  /// other ranks failed).
-  template <class Body>
-  void agree(const char* what, const std::filesystem::path& directory, Body&& body) {
-    std::exception_ptr failure;
-    try {
-      body();
-    } catch (...) {  // every failure, out_of_memory included (it is no unambiguous std::exception)
-      failure = std::current_exception();
-    }
-    const float failed = failure ? 1.0f : 0.0f;
-    float failures = 0.0f;
-    comm_->all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum).wait();
-    if (failure) std::rethrow_exception(failure);
-    if (failures > 0.0f)
-      detail::raise(error_code::io_error, std::string("checkpoint ") + what + " '" + directory.string() + "': " +
-                                              std::to_string(static_cast<int>(failures)) +
-                                              " other rank(s) failed (their errors say why); " +
-                                              (std::string_view(what) == "load" ? "nothing was restored"
-                                                                                : "the previous checkpoint stays"));
-  }
+  // ---- the chunk journey ----
 
-  /// What this rank restores into one chunk, and which of those elements the checkpoint covered.
-  struct staged_chunk {
-    std::vector<float> home, moment1, moment2;
-    std::vector<unsigned char> have_home, have_moments;
-  };
-
-  // Reads every rank file of the committed step, taking the pieces that overlap this rank's home parameters and
-  // owned moments in this run's layout; checks that every tensor element this rank needs was found.
-  std::vector<staged_chunk> read_checkpoint(const std::filesystem::path& directory, std::uint64_t& steps) const {
-    const checkpoint_commit commit = read_checkpoint_commit(directory);
-    const checkpoint_identity mine = identity();
-    std::vector<staged_chunk> staged(chunks_.size());
-    for (const auto& b : chunks_) {
-      auto& to = staged[b.index];
-      to.home.assign(b.home_elements, 0.0f);
-      to.moment1.assign(b.owned.elements, 0.0f);
-      to.moment2.assign(b.owned.elements, 0.0f);
-      to.have_home.assign(b.home_elements, 0);
-      to.have_moments.assign(b.owned.elements, 0);
-    }
-    for (std::uint64_t q = 0; q < commit.ranks; ++q) {
-      const auto file = checkpoint_rank_file(commit.step_directory, q, commit.ranks);
-      if (!std::filesystem::exists(file))
-        detail::raise(error_code::io_error, "checkpoint: '" + file.string() + "' is missing; LATEST names " +
-                                                std::to_string(commit.ranks) + " rank files in '" +
-                                                commit.step_directory.string() + "'");
-      checkpoint_reader reader(file);
-      const auto& id = reader.identity();
-      if (id.model != mine.model || id.tensor_hash != mine.tensor_hash)
-        detail::raise(error_code::invalid_argument, "checkpoint '" + file.string() + "' was saved for another model ('" +
-                                                        id.model + "'; this run trains '" + mine.model +
-                                                        "': its tensors' names or sizes differ)");
-      if (id.ranks != commit.ranks || id.rank != q || (q > 0 && id.steps != steps))
-        detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "' says rank " + std::to_string(id.rank) +
-                                                   " of " + std::to_string(id.ranks) + " after " +
-                                                   std::to_string(id.steps) + " steps; LATEST and the other files "
-                                                   "disagree (a mixed or partly overwritten checkpoint)");
-      steps = id.steps;
-      for (std::size_t k = 0; k < reader.pieces().size(); ++k) {
-        const auto& piece = reader.pieces()[k];
-        if (piece.tensor >= model_.tensors.size() || piece.first + piece.elements > model_.tensors[piece.tensor].elements)
-          detail::raise(error_code::parse_error, "checkpoint '" + file.string() + "': piece " + std::to_string(k) +
-                                                     " lies outside tensor " + std::to_string(piece.tensor));
-        const auto& location = map_.locations[piece.tensor];
-        const auto& b = chunks_[location.chunk];
-        auto& to = staged[location.chunk];
-        const std::size_t first = location.offset / sizeof(float) + piece.first, end = first + piece.elements;
-        const std::size_t home_first = b.home_first(), home_end = b.home_end(), owned_end = b.owned_end();
-        const auto missing = [&](std::size_t lo, std::size_t hi, std::size_t base, const std::vector<unsigned char>& have) {
-          for (std::size_t i = lo; i < hi; ++i)
-            if (!have[i - base]) return true;
-          return false;
-        };
-        const std::size_t p_lo = std::max(first, home_first), p_hi = std::min(end, home_end);
-        const std::size_t m_lo = std::max(first, b.owned.offset), m_hi = std::min(end, owned_end);
-        const bool want_params = p_lo < p_hi && missing(p_lo, p_hi, home_first, to.have_home);
-        const bool want_moments = m_lo < m_hi && missing(m_lo, m_hi, b.owned.offset, to.have_moments);
-        if (!want_params && !want_moments) continue;
-        const std::vector<float> values = reader.read(k);
-        const std::size_t n = piece.elements;
-        for (std::size_t i = p_lo; i < p_hi; ++i) {
-          to.home[i - home_first] = values[i - first];
-          to.have_home[i - home_first] = 1;
-        }
-        for (std::size_t i = m_lo; i < m_hi; ++i) {
-          to.moment1[i - b.owned.offset] = values[n + i - first];
-          to.moment2[i - b.owned.offset] = values[2 * n + i - first];
-          to.have_moments[i - b.owned.offset] = 1;
+  // released -> fetching: the home's device copy (the home itself, or a cache block), gathered into the full chunk
+  // when the collective shards parameters. A prefetch skips a chunk the device tier has no room for now.
+  void start_fetch(record& b, bool prefetch) {
+    if constexpr (collective::shards_parameters) {
+      detail::tier_buffer full;
+      if (!prefetch) full = gradients_.device_buffer(b.full_elements, reduced_sink());
+      else {
+        try {
+          full = detail::tier_buffer(device_, b.full_elements);
+        } catch (const error& e) {
+          if (e.code() == error_code::out_of_memory) return;
+          throw;
         }
       }
+      b.life.start_fetch();
+      const float* home = lend_home(b);
+      b.full = std::move(full);
+      b.fetch = ops_.template gather_params<float>(std::span<const float>(home, b.home_elements), b.full.span());
+      gathered_bytes_ += (b.full_elements - b.home_elements) * sizeof(float);
+      b.compute = b.full.data();
+    } else {
+      b.life.start_fetch();
+      b.compute = lend_home(b);
     }
-    // Every element of every tensor this rank keeps must have been found.
-    for (const auto& b : chunks_) {
-      const auto& to = staged[b.index];
-      const std::size_t home_first = b.home_first(), home_end = b.home_end();
-      for (const auto& slot : map_.chunks[b.index].slots) {
-        const std::size_t first = slot.offset / sizeof(float), end = first + model_.tensors[slot.tensor].elements;
-        bool complete = true;
-        for (std::size_t i = std::max(first, home_first); i < std::min(end, home_end); ++i)
-          complete = complete && to.have_home[i - home_first];
-        for (std::size_t i = std::max(first, b.owned.offset); i < std::min(end, b.owned_end()); ++i)
-          complete = complete && to.have_moments[i - b.owned.offset];
-        if (!complete)
-          detail::raise(error_code::parse_error, "checkpoint '" + commit.step_directory.string() + "' misses part of tensor '" +
-                                                     model_.tensors[slot.tensor].name.str() + "'; its rank files do "
-                                                     "not cover the model");
+  }
+  // fetching -> ready: the gather arrived; the gathered copy is what the trainer reads, the home block goes back.
+  void finish_fetch(record& b) {
+    b.fetch.wait();
+    b.fetch = {};
+    if constexpr (collective::shards_parameters) return_home(b);
+    b.life.arrived();
+  }
+  // Gathers for the chunks of passes [first, last) ahead of their use (resident homes; a streamed home's block is
+  // taken at its acquire, so the cache's own prefetch along the order stays in charge of it).
+  void prefetch(std::size_t first, std::size_t last) {
+    if constexpr (collective::shards_parameters)
+      for (std::size_t p = first; p < std::min(last, model_.passes.size()); ++p)
+        for (const auto c : pass_chunks_[p])
+          if (chunks_[c].life.state() == chunk_state::released && !homes_.streamed(c))
+            start_fetch(chunks_[c], /*prefetch=*/true);
+  }
+  // Prefetched gathers complete and are dropped (before the homes change outside a step).
+  void settle_fetches() {
+    for (auto& b : chunks_)
+      if (b.life.state() == chunk_state::fetching) {
+        finish_fetch(b);
+        b.life.evict();
+        drop_parameters(b);
       }
-    }
-    return staged;
+  }
+  float* lend_home(record& b) {
+    b.home_held = homes_.streamed(b.index);
+    return homes_.acquire(b.index);
+  }
+  void return_home(record& b) {
+    if (b.home_held) homes_.release(b.index);
+    b.home_held = false;
+  }
+  void drop_parameters(record& b) {
+    b.full = {};
+    return_home(b);
+    if (homes_.streamed(b.index) || collective::shards_parameters) b.compute = nullptr;
   }
 
-  static constexpr std::size_t no_pass = ~std::size_t{0};
+  bool used_next(std::uint32_t c, std::size_t pass) const {
+    if (pass + 1 >= pass_chunks_.size()) return false;
+    const auto& next = pass_chunks_[pass + 1];
+    return std::find(next.begin(), next.end(), c) != next.end();
+  }
+  void start_reduction(record& b) {
+    gradients_.start(b, reduced_sink());
+    drop_parameters(b);
+  }
+  // Each reduced chunk goes to the optimizer stage at once (its update may start beside backward).
+  auto reduced_sink() {
+    return [this](record& b) { optimizer_.reduced(b, steps_ + 1); };
+  }
+  void progress() { gradients_.progress(reduced_sink()); }
 
-  struct chunk_buffers {
-    std::uint32_t index = 0;
-    std::size_t full_elements = 0;  // the gathered chunk
-    std::size_t home_elements = 0;  // what this rank keeps between uses
-    shard_range owned;
-    chunk_life life{0};
-    bool streamed = false;          // home off the device (cached<>, split<>): moves through the device cache
-    std::uint32_t local = 0;        // its index among the streamed chunks
-    bool cache_held = false;        // a cache block is acquired for it
-    bool states_on_device = true;
-    float* compute = nullptr;       // the parameters the trainer reads while the chunk is in use
-    // home, moment1, moment2: resident chunks only (streamed ones keep them in homes_).
-    detail::tier_buffer home, full, gradient, owned_gradient, moment1, moment2;
-    pending<Comm> reduction;
+  void finish_step(std::optional<float> lr) {
+    for (const auto& b : chunks_)
+      if (b.life.state() != chunk_state::grad_pending && b.life.state() != chunk_state::reduced)
+        detail::raise(error_code::illegal_state,
+                      "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
+                          ", not grad_pending: run every backward pass (acquire and release) before step()");
+    gradients_.finish(reduced_sink());
+    ++steps_;
+    optimizer_.finish(steps_, lr);
+    for (auto& b : chunks_) b.life.updated(/*on_device=*/!collective::shards_parameters && !homes_.streamed(b.index));
+    gradients_.next_step();
+    start_iteration();
+  }
+  // Before the first pass of an iteration: resident whole chunks compute on their home; the cache and the gathers
+  // fetch the first passes ahead.
+  void start_iteration() {
+    for (auto& b : chunks_)
+      if (initial_state(b.index) == chunk_state::ready) b.compute = homes_.acquire(b.index);
+    homes_.prefetch_ahead();
+    prefetch(0, prefetch_depth_);
+  }
+  // Whole resident chunks are ready from the start (their home is on the device); the others are fetched.
+  chunk_state initial_state(std::uint32_t c) const noexcept {
+    return !collective::shards_parameters && c < resident_ ? chunk_state::ready : chunk_state::released;
+  }
 
-    // Chunk element ranges: the home parameters [home_first, home_end) without padding, the owned elements
-    // [owned.offset, owned_end).
-    [[nodiscard]] std::size_t home_first() const noexcept { return collective::shards_parameters ? owned.offset : 0; }
-    [[nodiscard]] std::size_t home_end() const noexcept {
-      return collective::shards_parameters ? owned_end() : full_elements;
-    }
-    [[nodiscard]] std::size_t owned_end() const noexcept { return owned.offset + owned.valid; }
-  };
+  // ---- construction ----
 
-  // Before any collective of the plan: every rank must run the same plan on the same model with the same layout
-  // knobs, or the collectives would pair mismatched buffers (thread_comm notices, MPI and NCCL may not). One
-  // all-gather of a fingerprint; a mismatch fails every rank with what this rank runs.
+  static const model_profile& checked(const model_profile& model) {
+    validate(model);
+    for (const auto& t : model.tensors)
+      if (t.type != dtype::fp32)
+        detail::raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " +
+                                                   std::string(to_string(t.type)) +
+                                                   "; this runtime holds fp32 parameters (mixed precision comes with "
+                                                   "the optimizer's working copies)");
+    return model;
+  }
+  // Every rank must run the same plan on the same model with the same layout knobs.
   static bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
-    const std::uint64_t mine = fnv1a(tensor_list_hash(model))  // continued over the plan and the knobs
+    const std::uint64_t mine = fnv1a(detail::tensor_list_hash(model))  // continued over the plan and the knobs
                                    .add(Plan::name())
                                    .add(options.alignment)
                                    .add(options.chunk_bytes.value_or(0))
                                    .add(options.device_blocks.value_or(0))
                                    .value();
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
-    comm.all_gather(std::span<const std::uint64_t>(&mine, 1), std::span<std::uint64_t>(all)).wait();
-    for (std::size_t q = 0; q < all.size(); ++q)
-      if (all[q] != all[0])
-        detail::raise(error_code::invalid_argument,
-                      "runtime: the ranks disagree on the plan: rank " + std::to_string(q) +
-                          " differs from rank 0 in its plan, model or layout knobs (this is rank " +
-                          std::to_string(comm.rank()) + ", running " + Plan::name() + " on '" + model.name.str() +
-                          "'); every rank must choose the same plan from the same model and machine profile");
+    detail::agree_on_fingerprint(comm, mine, Plan::name() + " on '" + model.name.str() + "'");
     return true;
   }
-
   // The layout's candidate with the searched chunk capacity (or the layout's own choice).
   static chunk_map build_layout(const model_profile& model, const layout_options& options,
                                 std::optional<byte_count> chunk_bytes) {
@@ -625,178 +412,100 @@ class runtime {
                                                     std::to_string(options.ranks) + " ranks; its candidates: " +
                                                     tried + " (give the search's knob for the same rank count)");
   }
+  static std::vector<std::vector<std::uint32_t>> chunks_by_pass(const model_profile& model, const chunk_map& map) {
+    std::vector<std::vector<std::uint32_t>> passes(model.passes.size());
+    for (std::size_t s = 0; s < model.passes.size(); ++s)
+      for (const auto t : model.passes[s].tensors) {
+        const auto c = map.locations[t].chunk;
+        if (std::find(passes[s].begin(), passes[s].end(), c) == passes[s].end()) passes[s].push_back(c);
+      }
+    return passes;
+  }
 
   // Device blocks (the planner's knob, or the fallback documented at runtime_options) and the resident chunks they
-  // leave: Placement::resident_chunks, the first chunks in first-use order.
-  std::size_t resident_chunk_count(const runtime_options& options) {
+  // leave: Placement::resident_chunks, the first chunks in first-use order. Then each chunk's geometry and reduced
+  // gradient, which lives with its optimizer states.
+  std::vector<record> make_records(const runtime_options& options) {
     const std::size_t n = map_.chunks.size();
-    if constexpr (!streams) {
-      device_blocks_ = n;
-      return n;
-    } else {
-      std::size_t widest = 0;
-      for (std::size_t s = 0; s < model_.passes.size(); ++s) widest = std::max(widest, chunks_of(s).size());
-      std::size_t fallback = std::max<std::size_t>(2, widest);
-      if constexpr (requires { placement::stream_blocks; }) fallback = n / 2 + placement::stream_blocks;
-      device_blocks_ = options.device_blocks.value_or(fallback);
-      if (device_blocks_ == 0)
-        detail::raise(error_code::invalid_argument, "runtime: device_blocks = 0; " + std::string(placement::name) +
-                                                        " needs at least one device block");
-      return placement::resident_chunks(n, device_blocks_);
+    std::size_t widest = 0;
+    for (const auto& chunks : pass_chunks_) widest = std::max(widest, chunks.size());
+    std::size_t fallback = std::max<std::size_t>(2, widest);
+    if constexpr (requires { placement::stream_blocks; }) fallback = n / 2 + placement::stream_blocks;
+    device_blocks_ = placement::uses_device_cache ? options.device_blocks.value_or(fallback) : n;
+    if (device_blocks_ == 0)
+      detail::raise(error_code::invalid_argument, "runtime: device_blocks = 0; " + std::string(placement::name) +
+                                                      " needs at least one device block");
+    resident_ = placement::uses_device_cache ? placement::resident_chunks(n, device_blocks_) : n;
+    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer_execution::min_offload_fraction *
+                                                                static_cast<double>(resident_) + 0.5);
+    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), resident_);
+    if (Plan::optimizer_execution::max_offload_fraction == 0.0 && offloaded != 0)
+      detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
+                                                  "device; offloaded_chunks must be 0 (use optimizer_auto or "
+                                                  "optimizer_offload to move states to the host)");
+    std::vector<record> records(n);
+    for (std::uint32_t c = 0; c < n; ++c) {
+      auto& b = records[c];
+      const std::size_t elements = map_.chunks[c].capacity / sizeof(float);
+      b.index = c;
+      b.life = chunk_life(c, initial_state(c));
+      b.shards_parameters = collective::shards_parameters;
+      b.owned = ops_.template owned<float>(elements);
+      b.full_elements = ops_.template full_elements<float>(elements);
+      b.home_elements = ops_.template home_elements<float>(elements);
+      b.states_on_device = c < resident_ - offloaded;
+      b.owned_gradient = b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
+                                            : detail::tier_buffer(host_, b.owned.elements);
     }
+    return records;
   }
-
-  // The streamed chunks' homes and a device cache of the blocks the resident chunks leave, enough for every pass.
-  void start_streaming(const runtime_options& options, std::size_t resident) {
-    if constexpr (streams) {
-      detail::streamed_settings settings;
-      settings.chunks = map_.chunks.size() - resident;
-      settings.blocks = device_blocks_ - resident;
-      settings.prefetch_depth = options.prefetch_depth;
-      settings.nvme_directory = options.nvme_directory;
-      std::size_t widest = 0;
-      std::string widest_label;
-      for (std::size_t s = 0; s < model_.passes.size(); ++s) {
-        std::size_t streamed_here = 0;
-        for (const auto c : chunks_of(s))
-          if (chunks_[c].streamed) {
-            settings.order.push_back(chunks_[c].local);
-            ++streamed_here;
-          }
-        if (streamed_here > widest) {
-          widest = streamed_here;
-          widest_label = std::string(model_.passes[s].label.view());
+  // The homes: every chunk's parameters and moments, and for streamed placements the order their cache follows
+  // and its blocks, which must hold the widest pass's streamed chunks at once.
+  home_layout make_home_layout(const runtime_options& options) const {
+    home_layout h;
+    h.resident = resident_;
+    h.blocks = device_blocks_ - resident_;
+    h.prefetch_depth = options.prefetch_depth;
+    h.nvme_directory = options.nvme_directory;
+    for (const auto& b : chunks_) {
+      h.param_elements.push_back(b.home_elements);
+      h.state_elements.push_back(b.owned.elements);
+      h.states_on_device.push_back(b.states_on_device ? 1 : 0);
+    }
+    std::size_t widest = 0;
+    std::string widest_label;
+    for (std::size_t s = 0; s < pass_chunks_.size(); ++s) {
+      std::size_t streamed_here = 0;
+      for (const auto c : pass_chunks_[s])
+        if (c >= resident_) {
+          // A chunk the previous pass used too stays acquired (release keeps it): one access in the cache's order.
+          if (s == 0 || std::find(pass_chunks_[s - 1].begin(), pass_chunks_[s - 1].end(), c) == pass_chunks_[s - 1].end())
+            h.streamed_order.push_back(static_cast<std::uint32_t>(c - resident_));
+          ++streamed_here;
         }
+      if (streamed_here > widest) {
+        widest = streamed_here;
+        widest_label = std::string(model_.passes[s].label.view());
       }
-      if (settings.blocks < widest)
-        detail::raise(error_code::invalid_argument,
-                      "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(device_blocks_) +
-                          " keeps " + std::to_string(resident) + " chunks resident and streams " +
-                          std::to_string(settings.chunks) + " through " + std::to_string(settings.blocks) +
-                          " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
-                          " streamed chunks at once; use at least " + std::to_string(resident + widest) +
-                          " device blocks");
-      for (const auto& b : chunks_)
-        if (b.streamed) {
-          settings.param_elements.push_back(b.home_elements);
-          settings.state_elements.push_back(b.owned.elements);
-        }
-      homes_ = std::make_unique<homes_type>(device_, host_, options.host_budget, std::move(settings));
     }
+    if (resident_ < chunks_.size() && h.blocks < widest)
+      detail::raise(error_code::invalid_argument,
+                    "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(device_blocks_) + " keeps " +
+                        std::to_string(resident_) + " chunks resident and streams " +
+                        std::to_string(chunks_.size() - resident_) + " through " + std::to_string(h.blocks) +
+                        " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
+                        " streamed chunks at once; use at least " + std::to_string(resident_ + widest) +
+                        " device blocks");
+    return h;
   }
 
-  // Calls f(home parameters, moment1, moment2) of chunk b, wherever they live; `write`: f may change them.
-  template <class F>
-  void with_state(chunk_buffers& b, bool write, F&& f) {
-    if constexpr (streams) {
-      if (b.streamed) {
-        if (write) homes_->update(b.local, f);
-        else homes_->read(b.local, f);
-        return;
-      }
-    }
-    f(b.home.span(), b.moment1.span(), b.moment2.span());
-  }
+  // ---- lookups ----
 
-  // released -> the parameters the trainer reads: the home (resident), a cache block (streamed), gathered from
-  // either when the collective shards parameters.
-  void fetch_parameters(chunk_buffers& b) {
-    float* home = b.home.data();
-    if constexpr (streams) {
-      if (b.streamed) {
-        home = homes_->acquire(b.local);
-        b.cache_held = true;
-      }
-    }
-    if constexpr (collective::shards_parameters) {
-      b.full = device_buffer(b.full_elements);
-      ops_.template gather_params<float>(std::span<float>(home, b.home_elements), b.full.span()).wait();
-      traffic_.gathered += (b.full_elements - b.home_elements) * sizeof(float);
-      b.compute = b.full.data();
-      release_cache_block(b);  // the gathered copy is what the trainer reads
-    } else {
-      b.compute = home;
-    }
-  }
-  void drop_parameters(chunk_buffers& b) {
-    b.full = {};
-    release_cache_block(b);
-    if (b.streamed || collective::shards_parameters) b.compute = nullptr;
-  }
-  void release_cache_block(chunk_buffers& b) {
-    if constexpr (streams) {
-      if (b.cache_held) {
-        homes_->release(b.local);
-        b.cache_held = false;
-      }
-    }
-  }
-
-  // Explicit hand-over: every tensor of the chunk handed over, and no pass holds it.
-  bool handed_over(const chunk_buffers& b) const {
-    return handover_ == gradient_handover::explicit_calls && chunk_ready_[b.index] == map_.chunks[b.index].slots.size() &&
-           (b.life.state() == chunk_state::ready || b.life.state() == chunk_state::released);
-  }
-  // The chunk's gradients are complete: reduce them (averaging over ranks) while the trainer goes on.
-  void start_reduction(chunk_buffers& b) {
-    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements);  // no backward touched it: zeros
-    b.reduction = ops_.template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
-    traffic_.reduced += b.gradient.size() * sizeof(float);
-    reducing_.push_back(b.index);
-    drop_parameters(b);
-  }
-
-  // Device memory for a gathered chunk or a gradient accumulator. Past the budget, the gradients of finished
-  // reductions go back first (waiting for the oldest if none has finished); out_of_memory only when none is left.
-  detail::tier_buffer device_buffer(std::size_t elements) {
-    for (;;) {
-      try {
-        return detail::tier_buffer(device_, elements);
-      } catch (const error& e) {
-        if (e.code() != error_code::out_of_memory || !reclaim_gradients(/*wait_for_oldest=*/true)) throw;
-      }
-    }
-  }
-  // Frees the accumulators of reductions that completed; true when one was freed.
-  bool reclaim_gradients(bool wait_for_oldest) {
-    bool freed = false;
-    for (auto it = reducing_.begin(); it != reducing_.end();) {
-      auto& b = chunks_[*it];
-      const bool done = b.reduction.test() || (wait_for_oldest && !freed && it == reducing_.begin());
-      if (!done) {
-        ++it;
-        continue;
-      }
-      b.reduction.wait();
-      b.reduction = {};
-      b.gradient = {};
-      it = reducing_.erase(it);
-      freed = true;
-    }
-    return freed;
-  }
-
-  std::vector<std::uint32_t> chunks_of(std::size_t pass) const {
-    std::vector<std::uint32_t> chunks;
-    for (const auto t : model_.passes[pass].tensors) {
-      const auto c = map_.locations[t].chunk;
-      if (std::find(chunks.begin(), chunks.end(), c) == chunks.end()) chunks.push_back(c);
-    }
-    return chunks;
-  }
   std::uint32_t chunk_of(std::uint32_t tensor) const {
     if (tensor >= model_.tensors.size())
       detail::raise(error_code::invalid_argument, "runtime: tensor " + std::to_string(tensor) + " of " +
                                                       std::to_string(model_.tensors.size()));
     return map_.locations[tensor].chunk;
-  }
-  float* compute_parameters(std::uint32_t c) {
-    auto& b = chunks_[c];
-    if (b.life.state() != chunk_state::in_use)
-      detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(c) + " read while " +
-                                                   std::string(to_string(b.life.state())) +
-                                                   "; acquire a pass that uses it first");
-    return b.compute;
   }
   std::span<float> view(std::uint32_t tensor, float* chunk_base) const {
     return {chunk_base + map_.locations[tensor].offset / sizeof(float), model_.tensors[tensor].elements};
@@ -807,16 +516,10 @@ class runtime {
                                                       " of a profile with " + std::to_string(model_.passes.size()) +
                                                       " passes");
   }
-
-  /// FNV-1a over the tensors' names and element counts: what a checkpoint and the plan agreement compare.
-  static std::uint64_t tensor_list_hash(const model_profile& model) {
-    fnv1a hash;
-    for (const auto& t : model.tensors) hash.add(t.name.view()).add(t.elements);
-    return hash.value();
-  }
-  checkpoint_identity identity() const {
-    return {model_.name.str(), Plan::name(), tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
-            static_cast<std::uint64_t>(ops_.rank()), steps_};
+  checkpoint_site<record, homes_type, Comm> site() {
+    return {model_, map_, chunks_, homes_, *comm_,
+            {model_.name.str(), Plan::name(), detail::tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
+             static_cast<std::uint64_t>(ops_.rank()), steps_}};
   }
 
   model_profile model_;
@@ -824,19 +527,19 @@ class runtime {
   bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
-  optim::cpu_adam adam_;
-  emulated_device_tier device_;
+  std::vector<std::vector<std::uint32_t>> pass_chunks_;  // the chunks each pass touches, in first-touch order
+  std::size_t device_blocks_ = 0;                        // set by make_records
+  std::size_t resident_ = 0;
+  Backend backend_;
+  device_tier device_;
   pinned_host_tier host_;
-  std::unique_ptr<homes_type> homes_;  // streamed chunks (cached<>, split<>); after the tiers it allocates from
-  std::vector<chunk_buffers> chunks_;  // after the tiers: destroyed first, returning their memory
-  std::vector<std::size_t> last_backward_;
-  std::list<std::uint32_t> reducing_;
-  std::size_t device_blocks_ = 0;
-  gradient_handover handover_ = gradient_handover::profile;
-  std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this iteration
-  std::vector<std::size_t> chunk_ready_;     // and how many per chunk  // chunks whose gradient reduction may still run, oldest first
+  std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
+  homes_type homes_;                // after the records (its layout comes from them)
+  gradient_pipeline<collective, Comm, device_tier> gradients_;
+  optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
+  std::size_t prefetch_depth_;
   std::uint64_t steps_ = 0;
-  runtime_traffic traffic_;
+  byte_count gathered_bytes_ = 0;
 };
 
 }  // namespace chunkwise

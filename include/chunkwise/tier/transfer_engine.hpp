@@ -40,6 +40,9 @@ class transfer {
   static transfer after_event(Backend& backend, typename Backend::event_type event) {
     return transfer(&backend, std::move(event), 0);
   }
+  /// Completes with `done` (host work the engine did not issue, say an optimizer update of the home), so a move can
+  /// be ordered after it without the caller waiting.
+  static transfer after_completion(std::shared_ptr<completion> done) { return transfer(std::move(done), 0); }
 
   [[nodiscard]] bool ready() const {
     if (host_) return host_->ready();

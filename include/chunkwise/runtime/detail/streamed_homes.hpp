@@ -5,16 +5,17 @@
 // parameters of the chunks in use, fetched ahead along the profiled order.
 //
 // The optimizer updates a streamed chunk where its states are (the home; for NVMe through pinned scratch buffers:
-// read, update, write back), which makes any cached copy stale: `update` invalidates it and the next acquire fetches
-// again (the cost model's cold cache). Chunks are indexed 0..count-1 here (the runtime maps its chunk ids).
+// read, update, write back), which makes any cached copy stale: the caller invalidates it first (on the thread that
+// drives the cache) and may then run `update` on another thread, beside the next acquires; the next acquire of the
+// chunk fetches again (the cost model's cold cache). Updates of different chunks run one at a time (the NVMe
+// scratch buffers are shared). Chunks are indexed 0..count-1 here (the runtime maps its chunk ids).
 #include <chunkwise/core/abi.hpp>
-#include <chunkwise/backend/host.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/placement/device_cache.hpp>
+#include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/host.hpp>
-#include <chunkwise/tier/emulated_device.hpp>
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
 #include <chunkwise/tier/spaces.hpp>
@@ -42,24 +43,26 @@ struct streamed_settings {
   std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();
 };
 
-template <class Space>
+template <class Space, class Backend>
 class streamed_homes {
   static constexpr bool on_nvme = std::same_as<Space, space::nvme>;
   using home_tier = std::conditional_t<on_nvme, nvme_tier,
                                        std::conditional_t<std::same_as<Space, space::host>, host_tier, pinned_host_tier>>;
-  using engine_type = transfer_engine<host_backend, home_tier, pinned_host_tier>;
-  using cache_type = device_cache<engine_type, emulated_device_tier>;
+  using device_tier = typename backend_parts<Backend>::device_tier;
+  using engine_type = transfer_engine<Backend, home_tier, pinned_host_tier>;
+  using cache_type = device_cache<engine_type, device_tier>;
   using home_handle = typename home_tier::handle_type;
 
  public:
   /// `device`: where the cache's blocks come from; `pinned`: the pinned host tier (the home for space::pinned_host,
   /// NVMe staging and scratch otherwise); `host_budget`: the budget of a pageable host home.
-  streamed_homes(emulated_device_tier& device, pinned_host_tier& pinned, byte_count host_budget, streamed_settings s)
+  streamed_homes(Backend& backend, device_tier& device, pinned_host_tier& pinned, byte_count host_budget,
+                 streamed_settings s)
       : settings_(std::move(s)),
         block_elements_(std::max<std::size_t>(1, *std::max_element(settings_.param_elements.begin(),
                                                                   settings_.param_elements.end()))),
         home_(make_home(pinned, host_budget)),
-        engine_(make_engine(pinned)) {
+        engine_(make_engine(backend, pinned)) {
     const byte_count block_bytes = block_elements_ * sizeof(float);
     std::vector<home_handle> params;
     for (std::size_t c = 0; c < settings_.chunks; ++c) {
@@ -107,10 +110,16 @@ class streamed_homes {
   float* acquire(std::uint32_t c) { return static_cast<float*>(cache_->acquire(c)); }
   void release(std::uint32_t c) { cache_->release(c); }
 
-  /// Calls f(parameters, moment1, moment2) on chunk c's home state, which f may change; the cached copy is dropped.
+  /// Drops chunk c's cached copy before its home changes (on the thread that acquires and releases); `changed`: the
+  /// completion of a change running elsewhere, which every later fetch of the chunk waits for.
+  void invalidate(std::uint32_t c, std::shared_ptr<completion> changed = nullptr) {
+    cache_->invalidate(c, changed ? engine_type::transfer_type::after_completion(std::move(changed))
+                                  : typename engine_type::transfer_type{});
+  }
+  /// Calls f(parameters, moment1, moment2) on chunk c's home state, which f may change; invalidate(c) first. May run
+  /// on another thread than acquire and release; one update at a time.
   template <class F>
   void update(std::uint32_t c, F&& f) {
-    cache_invalidate(c);
     visit(c, /*write=*/true, std::forward<F>(f));
   }
   /// Calls f(parameters, moment1, moment2) on a read-only view of chunk c's home state.
@@ -147,17 +156,13 @@ class streamed_homes {
       return {&pinned, [](home_tier*) {}};  // the runtime's pinned tier: one budget for homes and offloaded states
     }
   }
-  std::unique_ptr<engine_type> make_engine(pinned_host_tier& pinned) {
+  std::unique_ptr<engine_type> make_engine(Backend& backend, pinned_host_tier& pinned) {
     if constexpr (on_nvme)
-      return std::make_unique<engine_type>(backend_, *home_, pinned,
+      return std::make_unique<engine_type>(backend, *home_, pinned,
                                            transfer_options{.staging_buffers = 2,
                                                             .staging_bytes = block_elements_ * sizeof(float)});
     else
-      return std::make_unique<engine_type>(backend_, *home_, pinned, transfer_options{});
-  }
-
-  void cache_invalidate(std::uint32_t c) {
-    if (cache_) cache_->invalidate(c);
+      return std::make_unique<engine_type>(backend, *home_, pinned, transfer_options{});
   }
 
   template <class F>
@@ -187,7 +192,6 @@ class streamed_homes {
 
   streamed_settings settings_;
   std::size_t block_elements_;
-  host_backend backend_;
   std::unique_ptr<home_tier, void (*)(home_tier*)> home_;
   std::unique_ptr<engine_type> engine_;
   std::vector<chunk_home> homes_;

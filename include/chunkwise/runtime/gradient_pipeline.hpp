@@ -1,0 +1,168 @@
+#pragma once
+// gradient_pipeline: a chunk's gradients from the first backward use to the optimizer. It takes the full-chunk
+// accumulator from the device tier at the chunk's first backward acquire; decides when the gradients are complete
+// (by the profile: the release of the chunk's last backward pass, after `micro_batches` of them; or by the trainer's
+// grad_ready calls); starts the reduction (all-reduce or reduce-scatter, averaging over ranks) while the trainer goes
+// on; polls the reductions at every pass boundary, and hands each reduced chunk to the optimizer stage at once,
+// giving its accumulator back. When the device tier is full, the oldest reduction is completed to make room.
+#include <chunkwise/collective/chunk_collectives.hpp>
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/tier_buffer.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace chunkwise {
+
+/// When a chunk's gradients are complete and its reduction may start.
+enum class gradient_handover : std::uint8_t {
+  profile,         // at the release of its last backward pass in the profile (after runtime_options::micro_batches
+                   // forward and backward passes per step())
+  explicit_calls,  // when the trainer has called grad_ready for each of its tensors (any order the profile does not
+                   // know)
+};
+
+template <class Collective, communicator Comm, class DeviceTier>
+class gradient_pipeline {
+ public:
+  using record = chunk_record<Comm>;
+  static constexpr std::size_t no_pass = ~std::size_t{0};
+
+  gradient_pipeline(chunk_collectives<Collective, Comm>& ops, DeviceTier& device, std::vector<record>& chunks,
+                    const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches)
+      : ops_(&ops), device_(&device), chunks_(&chunks), handover_(handover), micro_batches_(micro_batches) {
+    if (micro_batches_ == 0)
+      detail::raise(error_code::invalid_argument, "runtime: micro_batches = 0; give at least 1 forward and backward "
+                                                  "per step");
+    last_backward_.assign(chunks.size(), no_pass);
+    for (std::size_t s = 0; s < model.passes.size(); ++s)
+      if (model.passes[s].kind == pass_kind::backward)
+        for (const auto c : pass_chunks[s]) last_backward_[c] = s;
+    slots_.resize(chunks.size());
+    for (std::size_t c = 0; c < chunks.size(); ++c) slots_[c] = map.chunks[c].slots.size();
+    tensor_ready_.assign(model.tensors.size(), 0);
+    chunk_ready_.assign(chunks.size(), 0);
+  }
+
+  [[nodiscard]] gradient_handover handover() const noexcept { return handover_; }
+  [[nodiscard]] byte_count bytes_reduced() const noexcept { return reduced_bytes_; }
+
+  /// Device memory for a gathered chunk or a gradient accumulator. Past the budget, the accumulators of finished
+  /// reductions go back first (completing the oldest if none has finished); out_of_memory only when none is left.
+  template <class Reduced>
+  detail::tier_buffer device_buffer(std::size_t elements, Reduced&& reduced) {
+    for (;;) {
+      try {
+        return detail::tier_buffer(*device_, elements);
+      } catch (const error& e) {
+        if (e.code() != error_code::out_of_memory || !complete(/*wait_for_oldest=*/true, reduced)) throw;
+      }
+    }
+  }
+
+  /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
+  template <class Reduced>
+  void backward_acquire(record& b, Reduced&& reduced) {
+    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements, reduced);
+  }
+
+  /// Profile hand-over: whether releasing `pass` completes chunk b's gradients for this step (its last backward
+  /// pass, no other user, the step's last micro-batch). Counts the micro-batch.
+  bool completes_at_release(record& b, std::size_t pass, bool backward) {
+    if (handover_ != gradient_handover::profile || !backward || last_backward_[b.index] != pass || b.life.users() != 1)
+      return false;
+    if (++b.micro_batches_done < micro_batches_) return false;
+    b.micro_batches_done = 0;
+    return true;
+  }
+  /// Whether chunk b's gradient accumulator is still needed after releasing `pass` (a later backward pass of this
+  /// micro-batch uses it).
+  [[nodiscard]] bool used_later_in_backward(const record& b, std::size_t pass) const noexcept {
+    return last_backward_[b.index] != no_pass && last_backward_[b.index] > pass;
+  }
+
+  /// Explicit hand-over: tensor t of chunk b is complete. True when every tensor of the chunk is.
+  bool grad_ready(std::uint32_t tensor, const record& b, std::string_view tensor_name) {
+    if (handover_ != gradient_handover::explicit_calls)
+      detail::raise(error_code::illegal_state, "runtime::grad_ready: this runtime hands gradients over by the profile "
+                                               "(at each chunk's last backward release); set runtime_options::"
+                                               "handover = gradient_handover::explicit_calls to call grad_ready");
+    if (tensor_ready_[tensor])
+      detail::raise(error_code::illegal_state, "runtime::grad_ready: tensor " + std::to_string(tensor) + " ('" +
+                                                   std::string(tensor_name) +
+                                                   "') was already handed over in this iteration");
+    tensor_ready_[tensor] = 1;
+    return ++chunk_ready_[b.index] == slots_[b.index];
+  }
+  /// Explicit hand-over: every tensor of chunk b handed over and no pass holds it.
+  [[nodiscard]] bool handed_over(const record& b) const noexcept {
+    return handover_ == gradient_handover::explicit_calls && chunk_ready_[b.index] == slots_[b.index] &&
+           (b.life.state() == chunk_state::ready || b.life.state() == chunk_state::released);
+  }
+
+  /// Chunk b's gradients are complete (grad_pending): reduce them, averaging over ranks, while the trainer goes on.
+  template <class Reduced>
+  void start(record& b, Reduced&& reduced) {
+    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements, reduced);  // no backward touched it
+    b.reduction = ops_->template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
+    reduced_bytes_ += b.gradient.size() * sizeof(float);
+    reducing_.push_back(b.index);
+  }
+
+  /// At a pass boundary: hands every finished reduction on (reduced(b), accumulator returned), oldest first.
+  template <class Reduced>
+  void progress(Reduced&& reduced) {
+    while (complete(/*wait_for_oldest=*/false, reduced)) {
+    }
+  }
+  /// Before the optimizer's last wait: every reduction finished and handed on, in the order they started.
+  template <class Reduced>
+  void finish(Reduced&& reduced) {
+    while (complete(/*wait_for_oldest=*/true, reduced)) {
+    }
+  }
+
+  /// A new step: nothing handed over yet.
+  void next_step() {
+    std::fill(tensor_ready_.begin(), tensor_ready_.end(), 0);
+    std::fill(chunk_ready_.begin(), chunk_ready_.end(), 0);
+  }
+
+ private:
+  // Hands on the oldest reduction if it finished (or, with wait_for_oldest, once it does); true when one was.
+  // Oldest first keeps the hand-over order the same on every rank whatever the timing.
+  template <class Reduced>
+  bool complete(bool wait_for_oldest, Reduced& reduced) {
+    if (reducing_.empty()) return false;
+    record& b = (*chunks_)[reducing_.front()];
+    if (!wait_for_oldest && !b.reduction.test()) return false;
+    b.reduction.wait();
+    b.reduction = {};
+    b.gradient = {};
+    reducing_.pop_front();
+    b.life.reduced();
+    reduced(b);
+    return true;
+  }
+
+  chunk_collectives<Collective, Comm>* ops_;
+  DeviceTier* device_;
+  std::vector<record>* chunks_;
+  gradient_handover handover_;
+  std::uint32_t micro_batches_;
+  std::vector<std::size_t> last_backward_;
+  std::vector<std::size_t> slots_;           // tensors per chunk
+  std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this step
+  std::vector<std::size_t> chunk_ready_;     // and how many per chunk
+  std::deque<std::uint32_t> reducing_;       // chunks whose reduction is in flight, oldest first
+  byte_count reduced_bytes_ = 0;
+};
+
+}  // namespace chunkwise

@@ -1,0 +1,160 @@
+#pragma once
+// optimizer_stage: the plan's optimizer execution over the chunks' home states. AdamW runs where a chunk's moments
+// live (home_storage::update hands it the home parameters and moments: device tier, pinned host, host or NVMe);
+// on the host backend every tier is host memory and the SIMD CPU Adam updates them all.
+//
+// When the update of a chunk can start: as soon as its gradient is reduced, on the stage's own worker thread, while
+// backward goes on with the chunks before it (LoHan/Fuyou's "active gradient offloading", ZeRO-Offload's delayed
+// update without its staleness), provided the update depends on nothing but that chunk: the learning rate must be
+// known before step() (runtime_options::learning_rate, a schedule of the step number) and no global gradient-norm
+// clipping be asked for. Clipping needs the norm of every gradient before any update; this stage keeps it exact by
+// deferring: the updates then run at step(), after the norm (one all-gather of a double per rank). That costs the
+// overlap, not correctness; bench/compare/overlap.sh measures it.
+//
+// Publication (ZeRO-2's all-gather of the updated shards) is a collective, so it runs on the caller's thread at
+// step(), in chunk order, the same on every rank whatever the timing of the updates.
+#include <chunkwise/collective/chunk_collectives.hpp>
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/core/worker_threads.hpp>
+#include <chunkwise/optim/cpu_adam.hpp>
+#include <chunkwise/runtime/chunk_record.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace chunkwise {
+
+/// The learning rate of each step (counting from 1): a schedule known before the step, so updates can overlap backward.
+using learning_rate_schedule = std::function<float(std::uint64_t step)>;
+
+struct optimizer_settings {
+  optim::adam_config adam{};
+  unsigned threads = 1;              // threads of the SIMD Adam (the caller counted)
+  learning_rate_schedule schedule{}; // given: updates start as soon as each chunk's gradient is reduced
+  float clip_norm = 0.0f;            // > 0: scale the gradients so their global L2 norm is at most this
+};
+
+template <class Collective, communicator Comm, class Homes>
+class optimizer_stage {
+ public:
+  using record = chunk_record<Comm>;
+
+  optimizer_stage(const optimizer_settings& settings, chunk_collectives<Collective, Comm>& ops, Homes& homes,
+                  std::vector<record>& chunks)
+      : settings_(settings), adam_(settings.adam, {.threads = settings.threads}), ops_(&ops), homes_(&homes),
+        chunks_(&chunks) {
+    if (!(settings_.clip_norm >= 0.0f) || !std::isfinite(settings_.clip_norm))
+      detail::raise(error_code::invalid_argument, "runtime: clip_norm must be a finite number >= 0 (0: no clipping), "
+                                                  "got " + std::to_string(settings_.clip_norm));
+    if (overlaps()) worker_.emplace(1);
+  }
+  optimizer_stage(const optimizer_stage&) = delete;
+  optimizer_stage& operator=(const optimizer_stage&) = delete;
+  ~optimizer_stage() {
+    for (auto& b : *chunks_)
+      if (b.update.valid()) b.update.wait();  // never leave an update running on freed memory
+  }
+
+  /// Whether each chunk's update overlaps the rest of backward (see the header).
+  [[nodiscard]] bool overlaps() const noexcept { return settings_.schedule && settings_.clip_norm == 0.0f; }
+  [[nodiscard]] bool has_schedule() const noexcept { return static_cast<bool>(settings_.schedule); }
+  /// The global gradient norm of the last step (computed only when clipping; NaN otherwise).
+  [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  [[nodiscard]] byte_count bytes_published() const noexcept { return published_bytes_; }
+
+  /// Chunk b's gradient is reduced (on the caller's thread): with overlap, its update starts now on the worker.
+  void reduced(record& b, std::uint64_t step) {
+    if (!overlaps()) return;
+    // The cache is driven from this thread; it fetches the chunk again (for the next step) only after the update.
+    auto updated = std::make_shared<completion>();
+    homes_->invalidate(b.index, updated);
+    const optim::step_args args{.lr = settings_.schedule(step), .step = step};
+    b.update = worker_->submit(std::packaged_task<void()>([this, &b, args, updated] {
+      try {
+        update(b, args);
+        updated->complete();
+      } catch (...) {
+        updated->complete(std::current_exception());
+        throw;
+      }
+    }));
+  }
+
+  /// Ends step `step` once every chunk is reduced: the deferred updates (after the clipping norm), or the wait for
+  /// the overlapped ones; then the publications in chunk order. `lr`: the step's rate when there is no schedule.
+  void finish(std::uint64_t step, std::optional<float> lr) {
+    auto& chunks = *chunks_;
+    if (overlaps()) {
+      std::exception_ptr failure;
+      for (auto& b : chunks) {  // wait for all before rethrowing: no update may outlive this call
+        try {
+          if (b.update.valid()) b.update.get();
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+      }
+      if (failure) std::rethrow_exception(failure);
+    } else {
+      const float rate = lr ? *lr : settings_.schedule(step);
+      const float scale = settings_.clip_norm > 0.0f ? clip_scale() : 1.0f;
+      for (auto& b : chunks) {
+        homes_->invalidate(b.index);
+        update(b, {.lr = rate, .step = step, .grad_scale = scale});
+      }
+    }
+    if constexpr (Collective::shards_gradients && !Collective::shards_parameters)
+      for (auto& b : chunks)
+        homes_->update(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
+          ops_->template publish_update<float>(home).wait();
+          published_bytes_ += (home.size() - ops_->template owned_params<float>(home).size()) * sizeof(float);
+        });
+  }
+
+ private:
+  void update(record& b, const optim::step_args& args) {
+    homes_->update(b.index, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
+      const std::span<float> owned = ops_->template owned_params<float>(home);
+      const optim::chunk_arrays state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
+                                      moment2.data(), nullptr, dtype::fp32, b.owned.valid};
+      adam_.step(state, args);
+    });
+  }
+
+  // min(1, clip / (norm + 1e-6)), torch.nn.utils.clip_grad_norm_'s factor, over the global norm of the owned
+  // gradients of every rank. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
+  float clip_scale() {
+    std::vector<optim::chunk_arrays> owned;
+    for (auto& b : *chunks_)
+      owned.push_back({nullptr, b.owned_gradient.data(), dtype::fp32, nullptr, nullptr, nullptr, dtype::fp32,
+                       b.owned.valid});
+    const double mine = adam_.grad_sum_of_squares(owned);
+    double total = mine;
+    if (ops_->ranks() > 1 && Collective::shards_gradients) {
+      // An all-gather of each rank's double, summed in rank order: the same norm on every rank, bit for bit.
+      std::vector<double> all(static_cast<std::size_t>(ops_->ranks()));
+      ops_->world().all_gather(std::span<const double>(&mine, 1), std::span<double>(all)).wait();
+      total = 0.0;
+      for (const double s : all) total += s;
+      total /= static_cast<double>(ops_->ranks() / ops_->shard_ranks());  // each group holds the whole gradient
+    }
+    last_norm_ = std::sqrt(total);
+    const double factor = static_cast<double>(settings_.clip_norm) / (last_norm_ + 1e-6);
+    return factor < 1.0 ? static_cast<float>(factor) : 1.0f;
+  }
+
+  optimizer_settings settings_;
+  optim::cpu_adam adam_;
+  chunk_collectives<Collective, Comm>* ops_;
+  Homes* homes_;
+  std::vector<record>* chunks_;
+  std::optional<worker_threads> worker_;  // overlapped updates, one at a time, in hand-over order
+  double last_norm_ = std::nan("");
+  byte_count published_bytes_ = 0;
+};
+
+}  // namespace chunkwise

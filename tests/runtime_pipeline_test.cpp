@@ -1,0 +1,251 @@
+// The runtime's pipeline on a toy chain model (tests/runtime/toy_model.hpp), against a plain reference trainer:
+// every plan of the default set (placement, collective and optimizer execution, with a layout that cuts the toy into
+// several chunks) at 1, 2 and 4 thread ranks, with updates at step() and with updates overlapping backward;
+// clipping by the global norm across ranks; micro-batch accumulation; a run that departs from the profiled order;
+// the bytes the collectives move, against hand counts.
+#include <chunkwise/backend/host.hpp>
+#include <chunkwise/collective/hybrid.hpp>
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/layout/fixed.hpp>
+#include <chunkwise/plan/default_plans.hpp>
+#include <chunkwise/runtime/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include "runtime/toy_model.hpp"
+
+#include <atomic>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+
+using namespace chunkwise;
+
+namespace {
+
+// The toy's weights are 6.25 KiB but the first and last: four chunks, layers 0, 1, 2, and 3 with 4.
+using toy_layout = layout::fixed<8 * KiB>;
+template <class P>
+using on_toy = plan<toy_layout, typename P::placement, typename P::collective, typename P::optimizer_execution>;
+
+float warmup_lr(std::uint64_t step) { return 2e-2f * static_cast<float>(step) / 3.0f; }
+
+struct toy_run {
+  int ranks = 1;
+  std::size_t steps = 3;
+  bool overlap = false;        // a learning-rate schedule: updates start during backward
+  float clip_norm = 0.0f;
+  std::uint32_t micro_batches = 1;
+  bool evaluate_between = false;  // forward passes only before each step's training (not in the profile's order)
+  std::optional<std::size_t> device_blocks{};
+};
+
+struct toy_result {
+  std::vector<std::vector<float>> parameters;  // rank 0's, per tensor
+  runtime_traffic traffic;
+  chunkwise::cache_stats cache;
+  std::vector<double> grad_norms;          // rank 0's, per step
+  std::size_t chunks = 0, streamed = 0;
+  bool overlapped = false;
+  std::uint64_t rates_asked_in_backward = 0;  // the schedule's calls between the last release and step(), rank 0
+  std::vector<std::size_t> full_elements, home_elements, owned_elements;  // rank 0's chunk geometry
+};
+
+template <class Plan>
+toy_result train(const toy_run& run) {
+  const std::size_t rows = toy::batch / static_cast<std::size_t>(run.ranks) / std::max(run.micro_batches, 1u);
+  const auto model = toy::profile(rows);
+  thread_world world(run.ranks, std::chrono::milliseconds(20'000));
+  toy_result result;
+  result.parameters.resize(model.tensors.size());
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(run.ranks));
+  std::vector<std::thread> threads;
+  const auto nvme = std::filesystem::temp_directory_path() / ("chunkwise-pipeline-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(nvme);
+  for (int r = 0; r < run.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.comm(r);
+        std::atomic<std::uint64_t> asked{0};
+        runtime_options o;
+        o.adam = optim::adamw_config();
+        if (run.overlap)
+          o.learning_rate = [&asked](std::uint64_t step) {
+            ++asked;
+            return warmup_lr(step);
+          };
+        o.clip_norm = run.clip_norm;
+        o.micro_batches = run.micro_batches;
+        o.device_blocks = run.device_blocks;
+        o.nvme_directory = nvme;
+        runtime<Plan, host_backend, thread_comm> rt(model, comm, toy::initialize, o);
+        std::vector<float> x, y;
+        for (std::uint64_t step = 1; step <= run.steps; ++step) {
+          toy::make_batch(step, x, y);
+          const auto use = [&](std::size_t pass) { return rt.use(pass); };
+          const auto param = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
+          const auto grad = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
+          if (run.evaluate_between) toy::forward(x.data(), rows, use, param);
+          for (std::uint32_t m = 0; m < run.micro_batches; ++m) {
+            const std::size_t first = (static_cast<std::size_t>(r) * run.micro_batches + m) * rows;
+            toy::forward_backward(x.data() + first * toy::widths[0], y.data() + first * toy::outputs, rows,
+                                  1.0f / static_cast<float>(rows * run.micro_batches), use, param, grad);
+          }
+          const std::uint64_t before_step = asked.load();
+          if (run.overlap) rt.step();
+          else rt.step(warmup_lr(step));
+          if (r == 0) {
+            result.rates_asked_in_backward += before_step;
+            asked = 0;
+            result.grad_norms.push_back(rt.last_grad_norm());
+          }
+        }
+        for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
+          auto values = rt.read_parameters(t);
+          if (r == 0) result.parameters[t] = std::move(values);
+        }
+        if (r == 0) {
+          result.traffic = rt.traffic();
+          result.cache = rt.cache_stats();
+          result.chunks = rt.layout().chunks.size();
+          result.streamed = rt.streamed_chunks();
+          result.overlapped = rt.updates_overlap_backward();
+        }
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::filesystem::remove_all(nvme);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return result;
+}
+
+toy::reference_result reference(const toy_run& run) {
+  return toy::train_plain({.steps = run.steps, .lr = warmup_lr, .clip_norm = run.clip_norm});
+}
+
+template <class Plans, std::size_t... I>
+void for_each_plan(std::index_sequence<I...>, auto&& f) {
+  (f(std::type_identity<on_toy<typename Plans::template at<I>>>{}), ...);
+}
+template <class Plans>
+void for_each_plan(auto&& f) {
+  for_each_plan<Plans>(std::make_index_sequence<Plans::size>{}, f);
+}
+
+}  // namespace
+
+TEST_CASE("every default plan at 1, 2 and 4 ranks trains the toy to the reference, with and without overlap") {
+  const auto expected = reference({}).parameters;
+  for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
+    for (const int ranks : {1, 2, 4}) {
+      CAPTURE(Plan::name());
+      CAPTURE(ranks);
+      // Three device blocks: cached<> streams every chunk through them, split<> keeps one resident and streams three.
+      const std::optional<std::size_t> blocks =
+          Plan::placement::uses_device_cache ? std::optional<std::size_t>(3) : std::nullopt;
+      const auto at_step = train<Plan>({.ranks = ranks, .device_blocks = blocks});
+      const auto overlapped = train<Plan>({.ranks = ranks, .overlap = true, .device_blocks = blocks});
+      CHECK(at_step.chunks == 4);
+      CHECK_FALSE(at_step.overlapped);
+      CHECK(overlapped.overlapped);
+      if (Plan::placement::uses_device_cache) CHECK(at_step.streamed > 0);
+      CHECK(toy::worst_relative_difference(at_step.parameters, expected) < 1e-5);
+      // The same maths at another time: bit for bit.
+      CHECK(overlapped.parameters == at_step.parameters);
+      // Each chunk's update starts at the first pass boundary after its reduction completed: on one rank that is
+      // before step() for every chunk (the schedule was asked during backward, once per chunk); across ranks the
+      // reductions still in flight at the last release are handed on in step().
+      if (ranks == 1) CHECK(overlapped.rates_asked_in_backward == 3 * overlapped.chunks);
+      else CHECK(overlapped.rates_asked_in_backward <= 3 * overlapped.chunks);
+    }
+  });
+}
+
+TEST_CASE("clipping by the global norm across ranks equals the reference's clipped update") {
+  const toy_run clipped{.clip_norm = 0.05f};
+  const auto expected = reference(clipped);
+  REQUIRE(expected.grad_norms[0] > 0.05 * 2);  // the clip bites at every step
+  const auto check = [&]<class Plan>(std::type_identity<Plan>, int ranks) {
+    CAPTURE(Plan::name());
+    CAPTURE(ranks);
+    auto run = clipped;
+    run.ranks = ranks;
+    const auto got = train<Plan>(run);
+    CHECK(toy::worst_relative_difference(got.parameters, expected.parameters) < 1e-5);
+    REQUIRE(got.grad_norms.size() == expected.grad_norms.size());
+    for (std::size_t s = 0; s < got.grad_norms.size(); ++s)
+      CHECK(got.grad_norms[s] == doctest::Approx(expected.grad_norms[s]).epsilon(1e-5));
+    // With a schedule, clipping still defers the updates to step() (they need the norm): the same result.
+    run.overlap = true;
+    const auto scheduled = train<Plan>(run);
+    CHECK_FALSE(scheduled.overlapped);
+    CHECK(scheduled.parameters == got.parameters);
+  };
+  for (const int ranks : {1, 2, 4}) {
+    check(std::type_identity<on_toy<default_plans::at<0>>>{}, ranks);  // replicated
+    check(std::type_identity<on_toy<default_plans::at<1>>>{}, ranks);  // shard_grads
+    check(std::type_identity<on_toy<default_plans::at<5>>>{}, ranks);  // cached<pinned_host>, sharded
+  }
+  check(std::type_identity<plan<toy_layout, resident, hybrid<2>, optimizer_follows_home>>{}, 4);
+}
+
+TEST_CASE("micro-batches accumulate into one step's gradients") {
+  const auto expected = reference({}).parameters;
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    const auto zero2 = train<on_toy<default_plans::at<1>>>({.ranks = ranks, .overlap = true, .micro_batches = 2});
+    CHECK(toy::worst_relative_difference(zero2.parameters, expected) < 1e-5);
+    const auto zero3 = train<on_toy<default_plans::at<6>>>({.ranks = ranks, .micro_batches = 2});
+    CHECK(toy::worst_relative_difference(zero3.parameters, expected) < 1e-5);
+  }
+  CHECK_THROWS_WITH_AS(train<on_toy<default_plans::at<0>>>({.micro_batches = 0}), doctest::Contains("micro_batches = 0"),
+                       error);
+}
+
+TEST_CASE("an evaluation the profile does not know costs cache departures, never wrong data") {
+  const auto expected = reference({}).parameters;
+  using streamed = on_toy<default_plans::at<5>>;  // cached<pinned_host>, sharded
+  const auto plain = train<streamed>({.ranks = 2, .overlap = true});
+  const auto evaluated = train<streamed>({.ranks = 2, .overlap = true, .evaluate_between = true});
+  CHECK(evaluated.parameters == plain.parameters);
+  CHECK(toy::worst_relative_difference(evaluated.parameters, expected) < 1e-5);
+  CHECK(plain.cache.departures == 0);
+  CHECK(evaluated.cache.departures > 0);
+  CHECK(evaluated.cache.accesses > plain.cache.accesses);
+  CHECK(evaluated.cache.hits + evaluated.cache.misses == evaluated.cache.accesses);
+}
+
+TEST_CASE("the collectives move the bytes a hand count gives") {
+  constexpr std::uint64_t steps = 3;
+  const auto bytes = [](std::size_t elements) { return static_cast<byte_count>(elements * sizeof(float)); };
+  // Four chunks of 8 KiB (2048 floats): layers 0, 1, 2, and 3 with 4.
+  constexpr std::size_t chunk = 2048, chunks = 4;
+  SUBCASE("replicated: every step all-reduces every chunk, nothing gathered or published") {
+    const auto t = train<on_toy<default_plans::at<0>>>({.ranks = 2}).traffic;
+    CHECK(t.reduced == steps * chunks * bytes(chunk));
+    CHECK(t.gathered == 0);
+    CHECK(t.published == 0);
+  }
+  SUBCASE("shard_grads: reduce-scatters every chunk and publishes the other ranks' halves") {
+    const auto t = train<on_toy<default_plans::at<1>>>({.ranks = 2, .overlap = true}).traffic;
+    CHECK(t.reduced == steps * chunks * bytes(chunk));
+    CHECK(t.published == steps * chunks * bytes(chunk / 2));
+    CHECK(t.gathered == 0);
+  }
+  SUBCASE("sharded: one gather per chunk in forward and in backward, but the last, plus the next step's prefetch") {
+    const auto t = train<on_toy<default_plans::at<2>>>({.ranks = 4}).traffic;
+    const byte_count gather = bytes(chunk - chunk / 4);  // the three quarters this rank does not keep
+    // Forward drops each chunk after its last consecutive pass and backward gathers it again, but for chunk 3
+    // (layers 3 and 4), which the last forward and the first backward pass share. After the last step the chunks of
+    // the first prefetch_depth (2) passes are gathered ahead for a next step.
+    CHECK(t.gathered == (steps * (chunks + chunks - 1) + 2) * gather);
+    CHECK(t.reduced == steps * chunks * bytes(chunk));
+    CHECK(t.published == 0);
+  }
+}
