@@ -561,3 +561,20 @@ struct optimizer_factory<cpu_sgd> {
 }  // namespace chunkwise::test
 
 TEST_CASE_TEMPLATE_APPLY(chunk_optimizer_contract, std::tuple<cpu_adam, cpu_sgd>);
+
+TEST_CASE("warm-up then cosine decay gives llm.c's rates, and bad settings say what is wrong") {
+  const optim::warmup_cosine s{.peak = 6e-4f, .warmup = 10, .total = 110, .final_fraction = 0.1f};
+  CHECK(s(1) == doctest::Approx(6e-5));
+  CHECK(s(10) == doctest::Approx(6e-4));
+  CHECK(s(60) == doctest::Approx(6e-5 + (6e-4 - 6e-5) * 0.5));  // half-way: cos(pi/2) = 0
+  CHECK(s(110) == doctest::Approx(6e-5));
+  CHECK(s(500) == doctest::Approx(6e-5));  // past the end: the final rate
+  for (std::uint64_t step = 11; step < 110; ++step) CHECK(s(step + 1) < s(step));
+  const optim::warmup_cosine constant{.peak = 1e-3f, .total = 50};
+  CHECK(constant(1) == 1e-3f);
+  CHECK(constant(50) == 1e-3f);
+  CHECK_THROWS_WITH_AS((optim::warmup_cosine{.peak = 1e-3f, .warmup = 20, .total = 10}.validate()),
+                       doctest::Contains("20 warm-up steps in a run of 10"), error);
+  CHECK_THROWS_WITH_AS((optim::warmup_cosine{.peak = 1e-3f, .final_fraction = 2.0f}.validate()),
+                       doctest::Contains("final fraction must lie in [0, 1]"), error);
+}

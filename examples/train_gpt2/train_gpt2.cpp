@@ -6,7 +6,10 @@
 // budget (32 MiB, a small GPU) is a third of the default model's training state, so the default run shows what
 // chunkwise is for: the resident plans do not fit and the search picks one that streams chunks from a host or NVMe
 // home or keeps the optimizer states off the device. Flags:
-//   --steps N (200)  --ranks N (1)  --plan NAME  --lr X (3e-4)  --seed N
+//   --steps N (200)  --ranks N (1)  --plan NAME  --lr X (3e-4, the peak)  --seed N
+//   --warmup N (0: steps of linear warm-up)  --lr-final-frac F (1: constant after warm-up; below 1: cosine decay to
+//   F * lr at the last step, as llm.c's -q)  --clip X (0: off; llm.c and nanoGPT use 1.0: the global gradient norm
+//   is clipped to X, which makes each step's updates wait for the norm instead of overlapping backward)
 //   --device-budget BYTES (32MiB per rank; 0: this machine's measured memory, a quarter of what is available)
 //   --layers N (8) --channels N (256) --heads N (4) --context N (64) --batch N (2, per rank)  --data FILE
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
@@ -15,6 +18,7 @@
 //   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
 //   where the build has CUDA; chunk memory stays in the host backend's tiers)
 #include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
 #include <chunkwise/plan/explain.hpp>
 #include <chunkwise/plan/search.hpp>
@@ -31,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -57,6 +62,9 @@ struct options {
   byte_count device_budget = default_device_budget;  // per rank; 0: the machine's measured memory
   bool device_budget_given = false;
   float lr = 3e-4f;  // at 1e-3 the default model sits on the unigram plateau (loss 3.1) for its 200 steps
+  std::size_t warmup = 0;
+  float lr_final_fraction = 1.0f;
+  float clip = 0.0f;
   std::uint64_t seed = 1337;
   std::string data = gpt2::default_data_file;
   std::string measure_cache;
@@ -66,6 +74,11 @@ struct options {
   std::string nvme_dir;
   std::string backend = "host";
 };
+
+/// The learning rate of each step: warm-up, then constant or cosine decay over the run.
+optim::warmup_cosine schedule(const options& o) {
+  return {.peak = o.lr, .warmup = o.warmup, .total = o.steps, .final_fraction = o.lr_final_fraction};
+}
 
 std::size_t count_flag(const std::string& flag, const std::string& text) {
   const auto value = parse_count(text, flag);
@@ -90,6 +103,9 @@ options parse(int argc, char** argv) {
       o.device_budget_given = true;
     }
     else if (flag == "--lr") o.lr = std::stof(value());
+    else if (flag == "--warmup") o.warmup = parse_count(value(), flag);
+    else if (flag == "--lr-final-frac") o.lr_final_fraction = std::stof(value());
+    else if (flag == "--clip") o.clip = std::stof(value());
     else if (flag == "--seed") o.seed = count_flag(flag, value());
     else if (flag == "--layers") o.model.layers = count_flag(flag, value());
     else if (flag == "--channels") o.model.channels = count_flag(flag, value());
@@ -115,6 +131,10 @@ options parse(int argc, char** argv) {
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.resume && o.checkpoint.empty())
     throw_error(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
+  if (!(o.clip >= 0.0f) || !std::isfinite(o.clip))
+    throw_error(error_code::invalid_argument, "--clip: a gradient norm >= 0 (0: no clipping), got " +
+                                                  std::to_string(o.clip));
+  schedule(o).validate();
   gpt2::validate(o.model);
   return o;
 }
@@ -259,6 +279,10 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         runtime_settings.device_blocks = chosen.knobs.device_blocks;
         runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
         if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
+        // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
+        // clipping, which needs every gradient's norm first).
+        runtime_settings.learning_rate = schedule(o);
+        runtime_settings.clip_norm = o.clip;
         runtime<Plan, host_backend, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, o.seed),
@@ -301,7 +325,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
           const auto step_start = std::chrono::steady_clock::now();
           rt.zero_grad();
           const float loss = mean_loss(run(true));
-          rt.step(o.lr);
+          rt.step();
           if (r == 0) {
             step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -309,7 +333,9 @@ void train(const options& o, const model_profile& model, const machine_profile& 
                 static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
             if (step == first_step) first_loss = loss;
             last_loss = loss;
-            std::printf("step %4zu/%zu  loss %.4f  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step, o.steps, loss,
+            std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step,
+                        o.steps, loss, static_cast<double>(schedule(o)(step)),
+                        o.clip > 0.0f ? ("  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6)).c_str() : "",
                         step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
             std::fflush(stdout);
           }

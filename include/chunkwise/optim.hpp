@@ -10,4 +10,5 @@
 #include <chunkwise/optim/hyperparameters.hpp>
 #include <chunkwise/optim/loss_scaler.hpp>
 #include <chunkwise/optim/mixed_precision.hpp>
+#include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/optim/state_io.hpp>
