@@ -18,14 +18,13 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/error.hpp>
-#include <chunkwise/core/hash.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
-#include <chunkwise/plan/layout_candidates.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/checkpoint.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/assembly.hpp>
 #include <chunkwise/runtime/detail/rank_agreement.hpp>
 #include <chunkwise/runtime/gradient_pipeline.hpp>
 #include <chunkwise/runtime/home_storage.hpp>
@@ -54,16 +53,19 @@ class runtime {
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
-      : model_(checked(model)),
+      : model_(detail::checked_model(model)),
         comm_(&comm),
-        plan_agreed_(agree_on_plan(model, comm, options)),
+        plan_agreed_(detail::agree_on_plan<Plan>(model, comm, options)),
         ops_(collective::bind(comm)),
-        map_(build_layout(model, {static_cast<std::uint32_t>(comm.size()), options.alignment}, options.chunk_bytes)),
-        pass_chunks_(chunks_by_pass(model_, map_)),
+        map_(detail::build_layout<Plan>(model, {static_cast<std::uint32_t>(comm.size()), options.alignment},
+                                        options.chunk_bytes)),
+        pass_chunks_(detail::chunks_by_pass(model_, map_)),
+        placement_(detail::place_chunks<Plan>(map_.chunks.size(), pass_chunks_, options)),
         device_(options.device_budget),
         host_(options.host_budget),
-        chunks_(make_records(options)),
-        homes_(backend_, device_, host_, options.host_budget, make_home_layout(options)),
+        chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, device_, host_)),
+        homes_(backend_, device_, host_, options.host_budget,
+               detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
         gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches),
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm}, ops_, homes_,
                    chunks_),
@@ -331,11 +333,7 @@ class runtime {
     if (homes_.streamed(b.index) || collective::shards_parameters) b.compute = nullptr;
   }
 
-  bool used_next(std::uint32_t c, std::size_t pass) const {
-    if (pass + 1 >= pass_chunks_.size()) return false;
-    const auto& next = pass_chunks_[pass + 1];
-    return std::find(next.begin(), next.end(), c) != next.end();
-  }
+  bool used_next(std::uint32_t c, std::size_t pass) const { return detail::pass_uses(pass_chunks_, pass + 1, c); }
   void start_reduction(record& b) {
     gradients_.start(b, reduced_sink());
     drop_parameters(b);
@@ -369,134 +367,7 @@ class runtime {
   }
   // Whole resident chunks are ready from the start (their home is on the device); the others are fetched.
   chunk_state initial_state(std::uint32_t c) const noexcept {
-    return !collective::shards_parameters && c < resident_ ? chunk_state::ready : chunk_state::released;
-  }
-
-  // ---- construction ----
-
-  static const model_profile& checked(const model_profile& model) {
-    validate(model);
-    for (const auto& t : model.tensors)
-      if (t.type != dtype::fp32)
-        detail::raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " +
-                                                   std::string(to_string(t.type)) +
-                                                   "; this runtime holds fp32 parameters (mixed precision comes with "
-                                                   "the optimizer's working copies)");
-    return model;
-  }
-  // Every rank must run the same plan on the same model with the same layout knobs.
-  static bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
-    const std::uint64_t mine = fnv1a(detail::tensor_list_hash(model))  // continued over the plan and the knobs
-                                   .add(Plan::name())
-                                   .add(options.alignment)
-                                   .add(options.chunk_bytes.value_or(0))
-                                   .add(options.device_blocks.value_or(0))
-                                   .value();
-    detail::agree_on_fingerprint(comm, mine, Plan::name() + " on '" + model.name.str() + "'");
-    return true;
-  }
-  // The layout's candidate with the searched chunk capacity (or the layout's own choice).
-  static chunk_map build_layout(const model_profile& model, const layout_options& options,
-                                std::optional<byte_count> chunk_bytes) {
-    using candidates = layout_candidates<typename Plan::layout>;
-    if (!chunk_bytes) return Plan::layout::build(model, options);
-    std::string tried;
-    for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
-      if (!candidates::can_pack(model, options, candidate)) continue;
-      chunk_map map = candidates::build(model, options, candidate);
-      if (map.summary().chunk_bytes == *chunk_bytes) return map;
-      tried += (tried.empty() ? "" : ", ") + std::to_string(map.summary().chunk_bytes);
-    }
-    detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " has no chunk size of " +
-                                                    std::to_string(*chunk_bytes) + " bytes for this model and " +
-                                                    std::to_string(options.ranks) + " ranks; its candidates: " +
-                                                    tried + " (give the search's knob for the same rank count)");
-  }
-  static std::vector<std::vector<std::uint32_t>> chunks_by_pass(const model_profile& model, const chunk_map& map) {
-    std::vector<std::vector<std::uint32_t>> passes(model.passes.size());
-    for (std::size_t s = 0; s < model.passes.size(); ++s)
-      for (const auto t : model.passes[s].tensors) {
-        const auto c = map.locations[t].chunk;
-        if (std::find(passes[s].begin(), passes[s].end(), c) == passes[s].end()) passes[s].push_back(c);
-      }
-    return passes;
-  }
-
-  // Device blocks (the planner's knob, or the fallback documented at runtime_options) and the resident chunks they
-  // leave: Placement::resident_chunks, the first chunks in first-use order. Then each chunk's geometry and reduced
-  // gradient, which lives with its optimizer states.
-  std::vector<record> make_records(const runtime_options& options) {
-    const std::size_t n = map_.chunks.size();
-    std::size_t widest = 0;
-    for (const auto& chunks : pass_chunks_) widest = std::max(widest, chunks.size());
-    std::size_t fallback = std::max<std::size_t>(2, widest);
-    if constexpr (requires { placement::stream_blocks; }) fallback = n / 2 + placement::stream_blocks;
-    device_blocks_ = placement::uses_device_cache ? options.device_blocks.value_or(fallback) : n;
-    if (device_blocks_ == 0)
-      detail::raise(error_code::invalid_argument, "runtime: device_blocks = 0; " + std::string(placement::name) +
-                                                      " needs at least one device block");
-    resident_ = placement::uses_device_cache ? placement::resident_chunks(n, device_blocks_) : n;
-    const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer_execution::min_offload_fraction *
-                                                                static_cast<double>(resident_) + 0.5);
-    const std::size_t offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), resident_);
-    if (Plan::optimizer_execution::max_offload_fraction == 0.0 && offloaded != 0)
-      detail::raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the "
-                                                  "device; offloaded_chunks must be 0 (use optimizer_auto or "
-                                                  "optimizer_offload to move states to the host)");
-    std::vector<record> records(n);
-    for (std::uint32_t c = 0; c < n; ++c) {
-      auto& b = records[c];
-      const std::size_t elements = map_.chunks[c].capacity / sizeof(float);
-      b.index = c;
-      b.life = chunk_life(c, initial_state(c));
-      b.shards_parameters = collective::shards_parameters;
-      b.owned = ops_.template owned<float>(elements);
-      b.full_elements = ops_.template full_elements<float>(elements);
-      b.home_elements = ops_.template home_elements<float>(elements);
-      b.states_on_device = c < resident_ - offloaded;
-      b.owned_gradient = b.states_on_device ? detail::tier_buffer(device_, b.owned.elements)
-                                            : detail::tier_buffer(host_, b.owned.elements);
-    }
-    return records;
-  }
-  // The homes: every chunk's parameters and moments, and for streamed placements the order their cache follows
-  // and its blocks, which must hold the widest pass's streamed chunks at once.
-  home_layout make_home_layout(const runtime_options& options) const {
-    home_layout h;
-    h.resident = resident_;
-    h.blocks = device_blocks_ - resident_;
-    h.prefetch_depth = options.prefetch_depth;
-    h.nvme_directory = options.nvme_directory;
-    for (const auto& b : chunks_) {
-      h.param_elements.push_back(b.home_elements);
-      h.state_elements.push_back(b.owned.elements);
-      h.states_on_device.push_back(b.states_on_device ? 1 : 0);
-    }
-    std::size_t widest = 0;
-    std::string widest_label;
-    for (std::size_t s = 0; s < pass_chunks_.size(); ++s) {
-      std::size_t streamed_here = 0;
-      for (const auto c : pass_chunks_[s])
-        if (c >= resident_) {
-          // A chunk the previous pass used too stays acquired (release keeps it): one access in the cache's order.
-          if (s == 0 || std::find(pass_chunks_[s - 1].begin(), pass_chunks_[s - 1].end(), c) == pass_chunks_[s - 1].end())
-            h.streamed_order.push_back(static_cast<std::uint32_t>(c - resident_));
-          ++streamed_here;
-        }
-      if (streamed_here > widest) {
-        widest = streamed_here;
-        widest_label = std::string(model_.passes[s].label.view());
-      }
-    }
-    if (resident_ < chunks_.size() && h.blocks < widest)
-      detail::raise(error_code::invalid_argument,
-                    "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(device_blocks_) + " keeps " +
-                        std::to_string(resident_) + " chunks resident and streams " +
-                        std::to_string(chunks_.size() - resident_) + " through " + std::to_string(h.blocks) +
-                        " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
-                        " streamed chunks at once; use at least " + std::to_string(resident_ + widest) +
-                        " device blocks");
-    return h;
+    return !collective::shards_parameters && c < placement_.resident ? chunk_state::ready : chunk_state::released;
   }
 
   // ---- lookups ----
@@ -528,8 +399,7 @@ class runtime {
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   std::vector<std::vector<std::uint32_t>> pass_chunks_;  // the chunks each pass touches, in first-touch order
-  std::size_t device_blocks_ = 0;                        // set by make_records
-  std::size_t resident_ = 0;
+  detail::chunk_placement placement_;                    // device blocks, resident and offloaded chunks
   Backend backend_;
   device_tier device_;
   pinned_host_tier host_;

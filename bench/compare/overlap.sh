@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The pipeline's overlap, side by side in one run: the example trainer under the resident plan and under a streamed
+# plan (cached<pinned_host>: every chunk's parameters fetched from pinned host homes through the device cache each
+# step, Adam on the home) whose home tier is fast enough to hide the traffic; both again with --clip 1.0, which
+# defers every update to step() (the global norm needs every gradient), to show what exact clipping costs.
+# Usage: bench/compare/overlap.sh [BUILD_DIR=build/default] [STEPS=20] [RANKS=1] [train_gpt2 model flags...]
+# ROUNDS (environment, default 3): runs per configuration, in alternating order; the median counts.
+# Last line: overlap streamed_over_resident=R clipped_streamed_over_streamed=C  (goal: R <= 1.10)
+# Step time: the trainer's median step after the first (cold) one.
+set -euo pipefail
+build="${1:-build/default}"
+steps="${2:-20}"
+ranks="${3:-1}"
+shift $(( $# < 3 ? $# : 3 ))
+(( $# > 0 )) || set -- --layers 8 --channels 256 --batch 2
+trainer="$build/examples/train_gpt2/train_gpt2"
+[[ -x "$trainer" ]] || { echo "overlap.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
+export OMP_WAIT_POLICY=passive
+python3 - "$trainer" "$steps" "$ranks" "$@" <<'PY'
+import os, re, statistics, subprocess, sys
+trainer, steps, ranks, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# The resident plan with the machine's memory; the streamed one under the trainer's default device budget (32 MiB
+# a rank, a third of the default model's training state), so its cache holds only some of the chunks.
+resident = ["--device-budget", "0", "--plan", "min_waste/resident/replicated/follows_home"]
+streamed = ["--device-budget", "32MiB", "--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
+configs = [
+    ("resident", resident),
+    ("streamed", streamed),
+    ("resident, clip 1.0", resident + ["--clip", "1.0"]),
+    ("streamed, clip 1.0", streamed + ["--clip", "1.0"]),
+]
+rounds = int(os.environ.get("ROUNDS", "3"))
+samples = {name: [] for name, _ in configs}
+moved = {}
+for r in range(rounds):
+    for name, flags in (configs if r % 2 == 0 else list(reversed(configs))):
+        out = subprocess.run([trainer, "--steps", steps, "--eval-every", steps, "--ranks", ranks]
+                             + flags + extra, capture_output=True, text=True, check=True).stdout
+        samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)))
+        moved[name] = re.search(r"^moved \(rank 0, [0-9]+ steps\): (.*)$", out, re.M).group(1)
+        stall = re.search(r"stalled ([0-9.]+ ms)", out)
+        if stall: moved[name] += f"; cache stalled {stall.group(1)}"
+median = {name: statistics.median(v) for name, v in samples.items()}
+print(f"{'configuration':22s} {'median step ms':>15s}  moved (rank 0, whole run)")
+for name, _ in configs:
+    print(f"{name:22s} {median[name]:15.1f}  {moved[name]}")
+print(f"overlap streamed_over_resident={median['streamed'] / median['resident']:.3f} "
+      f"clipped_streamed_over_streamed={median['streamed, clip 1.0'] / median['streamed']:.3f}")
+PY

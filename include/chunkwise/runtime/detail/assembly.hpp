@@ -1,0 +1,177 @@
+#pragma once
+// How a runtime is put together from its plan, model and options, before the first pass: the checked model, the
+// plan agreement, the layout at the searched chunk size, the chunks each pass touches, how many chunks stay on the
+// device (resident) and whose optimizer states are offloaded, the chunk records, and the home storage's layout.
+#include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/abi.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/core/hash.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/plan/layout_candidates.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/rank_agreement.hpp>
+#include <chunkwise/runtime/home_storage.hpp>
+#include <chunkwise/runtime/options.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
+
+inline const model_profile& checked_model(const model_profile& model) {
+  validate(model);
+  for (const auto& t : model.tensors)
+    if (t.type != dtype::fp32)
+      raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " + std::string(to_string(t.type)) +
+                                         "; this runtime holds fp32 parameters (mixed precision comes with the "
+                                         "optimizer's working copies)");
+  return model;
+}
+
+/// Every rank must run the same plan on the same model with the same layout knobs.
+template <class Plan, communicator Comm>
+bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
+  const std::uint64_t mine = fnv1a(tensor_list_hash(model))  // continued over the plan and the knobs
+                                 .add(Plan::name())
+                                 .add(options.alignment)
+                                 .add(options.chunk_bytes.value_or(0))
+                                 .add(options.device_blocks.value_or(0))
+                                 .value();
+  agree_on_fingerprint(comm, mine, Plan::name() + " on '" + model.name.str() + "'");
+  return true;
+}
+
+/// The layout's candidate with the searched chunk capacity (or the layout's own choice).
+template <class Plan>
+chunk_map build_layout(const model_profile& model, const layout_options& options, std::optional<byte_count> chunk_bytes) {
+  using candidates = layout_candidates<typename Plan::layout>;
+  if (!chunk_bytes) return Plan::layout::build(model, options);
+  std::string tried;
+  for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
+    if (!candidates::can_pack(model, options, candidate)) continue;
+    chunk_map map = candidates::build(model, options, candidate);
+    if (map.summary().chunk_bytes == *chunk_bytes) return map;
+    tried += (tried.empty() ? "" : ", ") + std::to_string(map.summary().chunk_bytes);
+  }
+  raise(error_code::invalid_argument, "runtime: " + Plan::name() + " has no chunk size of " +
+                                          std::to_string(*chunk_bytes) + " bytes for this model and " +
+                                          std::to_string(options.ranks) + " ranks; its candidates: " + tried +
+                                          " (give the search's knob for the same rank count)");
+}
+
+/// The chunks each pass touches, in first-touch order.
+inline std::vector<std::vector<std::uint32_t>> chunks_by_pass(const model_profile& model, const chunk_map& map) {
+  std::vector<std::vector<std::uint32_t>> passes(model.passes.size());
+  for (std::size_t s = 0; s < model.passes.size(); ++s)
+    for (const auto t : model.passes[s].tensors) {
+      const auto c = map.locations[t].chunk;
+      if (std::find(passes[s].begin(), passes[s].end(), c) == passes[s].end()) passes[s].push_back(c);
+    }
+  return passes;
+}
+inline bool pass_uses(const std::vector<std::vector<std::uint32_t>>& pass_chunks, std::size_t pass, std::uint32_t c) {
+  return pass < pass_chunks.size() && std::find(pass_chunks[pass].begin(), pass_chunks[pass].end(), c) !=
+                                          pass_chunks[pass].end();
+}
+
+/// Where the chunks go: device blocks (the planner's knob, or the fallback documented at runtime_options), the
+/// resident chunks they leave (Placement::resident_chunks, the first in first-use order), and how many of those
+/// keep their optimizer states off the device (the last ones).
+struct chunk_placement {
+  std::size_t device_blocks = 0;
+  std::size_t resident = 0;
+  std::size_t offloaded = 0;
+};
+
+template <class Plan>
+chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+                             const runtime_options& options) {
+  using placement = typename Plan::placement;
+  std::size_t widest = 0;
+  for (const auto& in_pass : pass_chunks) widest = std::max(widest, in_pass.size());
+  std::size_t fallback = std::max<std::size_t>(2, widest);
+  if constexpr (requires { placement::stream_blocks; }) fallback = chunks / 2 + placement::stream_blocks;
+  chunk_placement p;
+  p.device_blocks = placement::uses_device_cache ? options.device_blocks.value_or(fallback) : chunks;
+  if (p.device_blocks == 0)
+    raise(error_code::invalid_argument, "runtime: device_blocks = 0; " + std::string(placement::name) +
+                                            " needs at least one device block");
+  p.resident = placement::uses_device_cache ? placement::resident_chunks(chunks, p.device_blocks) : chunks;
+  const auto default_offloaded = static_cast<std::size_t>(Plan::optimizer_execution::min_offload_fraction *
+                                                              static_cast<double>(p.resident) + 0.5);
+  p.offloaded = std::min(options.offloaded_chunks.value_or(default_offloaded), p.resident);
+  if (Plan::optimizer_execution::max_offload_fraction == 0.0 && p.offloaded != 0)
+    raise(error_code::invalid_argument, "runtime: " + Plan::name() + " keeps every optimizer state on the device; "
+                                        "offloaded_chunks must be 0 (use optimizer_auto or optimizer_offload to "
+                                        "move states to the host)");
+  return p;
+}
+
+/// Each chunk's geometry, initial state and reduced-gradient buffer, which lives with its optimizer states.
+template <class Plan, communicator Comm, class Ops, class DeviceTier, class HostTier>
+std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& ops, const chunk_placement& p,
+                                             DeviceTier& device, HostTier& host) {
+  constexpr bool shards = Plan::collective::shards_parameters;
+  std::vector<chunk_record<Comm>> records(map.chunks.size());
+  for (std::uint32_t c = 0; c < records.size(); ++c) {
+    auto& b = records[c];
+    const std::size_t elements = map.chunks[c].capacity / sizeof(float);
+    b.index = c;
+    b.life = chunk_life(c, !shards && c < p.resident ? chunk_state::ready : chunk_state::released);
+    b.shards_parameters = shards;
+    b.owned = ops.template owned<float>(elements);
+    b.full_elements = ops.template full_elements<float>(elements);
+    b.home_elements = ops.template home_elements<float>(elements);
+    b.states_on_device = c < p.resident - p.offloaded;
+    b.owned_gradient = b.states_on_device ? tier_buffer(device, b.owned.elements) : tier_buffer(host, b.owned.elements);
+  }
+  return records;
+}
+
+/// The homes: every chunk's parameters and moments, and for streamed placements the order their cache follows (a
+/// chunk the previous pass used too stays acquired: one access) and its blocks, which must hold the widest pass's
+/// streamed chunks at once.
+template <class Plan, class Record>
+home_layout make_home_layout(const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+                             const std::vector<Record>& records, const chunk_placement& p,
+                             const runtime_options& options) {
+  home_layout h;
+  h.resident = p.resident;
+  h.blocks = p.device_blocks - p.resident;
+  h.prefetch_depth = options.prefetch_depth;
+  h.nvme_directory = options.nvme_directory;
+  for (const auto& b : records) {
+    h.param_elements.push_back(b.home_elements);
+    h.state_elements.push_back(b.owned.elements);
+    h.states_on_device.push_back(b.states_on_device ? 1 : 0);
+  }
+  std::size_t widest = 0;
+  std::string widest_label;
+  for (std::size_t s = 0; s < pass_chunks.size(); ++s) {
+    std::size_t streamed_here = 0;
+    for (const auto c : pass_chunks[s])
+      if (c >= p.resident) {
+        if (s == 0 || !pass_uses(pass_chunks, s - 1, c))
+          h.streamed_order.push_back(static_cast<std::uint32_t>(c - p.resident));
+        ++streamed_here;
+      }
+    if (streamed_here > widest) {
+      widest = streamed_here;
+      widest_label = std::string(model.passes[s].label.view());
+    }
+  }
+  if (p.resident < records.size() && h.blocks < widest)
+    raise(error_code::invalid_argument,
+          "runtime: " + Plan::name() + " with device_blocks = " + std::to_string(p.device_blocks) + " keeps " +
+              std::to_string(p.resident) + " chunks resident and streams " +
+              std::to_string(records.size() - p.resident) + " through " + std::to_string(h.blocks) +
+              " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
+              " streamed chunks at once; use at least " + std::to_string(p.resident + widest) + " device blocks");
+  return h;
+}
+
+}  // namespace chunkwise::detail
