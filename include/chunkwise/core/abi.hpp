@@ -15,7 +15,8 @@
 //
 // The rule, enforced by tests/house/check_includes.cmake (ctest house_include_arrows): a header that tests a keyed
 // component's macro, or includes a header that opens the keyed namespace, opens it too. Keyed today:
-//   CHUNKWISE_HAS_URING  tier/nvme.hpp; runtime/runtime.hpp and runtime/detail/streamed_homes.hpp (NVMe homes);
+//   CHUNKWISE_HAS_URING  tier/nvme.hpp; runtime/runtime.hpp, runtime/home_storage.hpp, runtime/detail/assembly.hpp
+//                        and runtime/detail/streamed_homes.hpp (NVMe homes);
 //                        measure/ (it measures the NVMe tier; its specialisations follow its primary template).
 // CHUNKWISE_HAS_CUDA/NCCL/MPI/JSON only add declarations (the .cuh headers, mpi_comm, the JSON headers the umbrellas
 // include), so they are not keyed.
