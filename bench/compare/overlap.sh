@@ -5,7 +5,9 @@
 # defers every update to step() (the global norm needs every gradient), to show what exact clipping costs.
 # Usage: bench/compare/overlap.sh [BUILD_DIR=build/default] [STEPS=20] [RANKS=1] [train_gpt2 model flags...]
 # ROUNDS (environment, default 3): runs per configuration, in alternating order; the median counts.
-# Last line: overlap streamed_over_resident=R clipped_streamed_over_streamed=C  (goal: R <= 1.10)
+# The same for NVMe homes (cached<nvme>), where each update reads and writes the chunk's states on the store.
+# Last line: overlap streamed_over_resident=R clipped_streamed_over_streamed=C clipped_nvme_over_nvme=N
+# (goal: R <= 1.10; C and N: what exact clipping's deferred updates cost)
 # Step time: the trainer's median step after the first (cold) one.
 set -euo pipefail
 build="${1:-build/default}"
@@ -23,11 +25,15 @@ trainer, steps, ranks, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4
 # a rank, a third of the default model's training state), so its cache holds only some of the chunks.
 resident = ["--device-budget", "0", "--plan", "min_waste/resident/replicated/follows_home"]
 streamed = ["--device-budget", "32MiB", "--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
+# NVMe homes: each update reads and writes its chunk's states on the store, beside backward or (clipping) after it.
+nvme = ["--device-budget", "32MiB", "--plan", "min_waste/cached<nvme>/sharded/follows_home"]
 configs = [
     ("resident", resident),
     ("streamed", streamed),
     ("resident, clip 1.0", resident + ["--clip", "1.0"]),
     ("streamed, clip 1.0", streamed + ["--clip", "1.0"]),
+    ("nvme", nvme),
+    ("nvme, clip 1.0", nvme + ["--clip", "1.0"]),
 ]
 rounds = int(os.environ.get("ROUNDS", "3"))
 samples = {name: [] for name, _ in configs}
@@ -45,5 +51,6 @@ print(f"{'configuration':22s} {'median step ms':>15s}  moved (rank 0, whole run)
 for name, _ in configs:
     print(f"{name:22s} {median[name]:15.1f}  {moved[name]}")
 print(f"overlap streamed_over_resident={median['streamed'] / median['resident']:.3f} "
-      f"clipped_streamed_over_streamed={median['streamed, clip 1.0'] / median['streamed']:.3f}")
+      f"clipped_streamed_over_streamed={median['streamed, clip 1.0'] / median['streamed']:.3f} "
+      f"clipped_nvme_over_nvme={median['nvme, clip 1.0'] / median['nvme']:.3f}")
 PY
