@@ -105,12 +105,15 @@ inline chunkwise::model_profile trace_profile(const model_config& config) {
 }
 
 /// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
-/// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch, and the
-/// profile's FLOPs per iteration are divided by the slowest rank's median iteration (a median, so a burst of other
-/// work on the machine does not set the rate). The cost model's compute rate for this trainer (a generic GEMM
-/// benchmark overstates naive loops several times).
-inline double measure_pass_flops(const model_config& config, const chunkwise::model_profile& model, int ranks,
-                                 int iterations = 7) {
+/// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch of the model,
+/// cut to as many layers as fit 1 GiB of training state (so a 48-layer model is timed on a few of its layers, not in
+/// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the slowest rank's median
+/// iteration (a median, so a burst of other work on the machine does not set the rate). The cost model's compute
+/// rate for this trainer (a generic GEMM benchmark overstates naive loops several times).
+inline double measure_pass_flops(model_config config, int ranks, int iterations = 7) {
+  const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
+  config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
+  const chunkwise::model_profile model = trace_profile(config);
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0.0);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)

@@ -446,7 +446,7 @@ int main(int argc, char** argv) {
     if (o.device_budget != 0) machine.device_memory = o.device_budget;
     // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
-    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, model, o.ranks);
+    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks);
     std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n\n",
                 machine.device_flops_per_second / 1e9, o.ranks, gemm_flops / 1e9);
     print_memory(o, model, machine.device_memory, measured_memory);
