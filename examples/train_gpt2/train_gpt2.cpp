@@ -423,7 +423,11 @@ int main(int argc, char** argv) {
                                              "toolkit was not found, or CHUNKWISE_CUDA=OFF)");
 #endif
     }
-    const model_profile model = gpt2::trace_profile(o.model);
+    const model_profile model = [&] {
+      model_profile traced = gpt2::trace_profile(o.model);
+      traced.updates_overlap_backward = o.clip == 0.0f;  // the runtime gets a schedule; clipping defers the updates
+      return traced;
+    }();
     std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
                 "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
                 "live and move (the plan) and says why.\n\n");

@@ -21,7 +21,8 @@
 // for (R - Roff) chunks and on the host's cores, shared by all ranks, for S + Roff chunks, concurrently with NVMe state
 // streaming and the upload of updated resident parameters: optimizer = max of those (on the host backend, whose device
 // is the CPU, the two updates share the cores and add up).
-// step = phase + optimizer.
+// step = phase + optimizer; when the trainer's updates overlap backward (model_profile::updates_overlap_backward),
+// step = phase + max(optimizer / n, optimizer - backward's share of the phase).
 #include <chunkwise/collective/concepts.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/placement/concepts.hpp>
@@ -74,6 +75,8 @@ struct chunk_shares {
   double state_bytes_per_element = 0;  // optimizer state bytes per parameter element
   byte_count activation_bytes = 0;     // the profile's peak activation bytes
   double flops = 0;                    // the profile's FLOPs per step
+  double backward_flops = 0;           // of which in backward passes
+  bool updates_overlap = false;        // model_profile::updates_overlap_backward
 };
 
 template <class Collective>
@@ -87,6 +90,9 @@ constexpr chunk_shares shares_of(const model_profile& model, const layout_summar
   s.state_bytes_per_element = state_bytes_per_element(parameter_bytes);
   s.activation_bytes = model.peak_activation_bytes();
   s.flops = static_cast<double>(model.total_flops());
+  for (const auto& pass : model.passes)
+    if (pass.kind == pass_kind::backward) s.backward_flops += static_cast<double>(pass.flops);
+  s.updates_overlap = model.updates_overlap_backward;
   const auto state_chunk = static_cast<byte_count>(static_cast<double>(s.average_bytes) *
                                                    (s.state_bytes_per_element / parameter_bytes));
   s.parameter = div_ceil(Collective::bytes_per_rank(tensor_role::parameter, s.average_bytes, n, ranks), n);
@@ -196,8 +202,14 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                              seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
   const double upload = seconds(static_cast<double>(offloaded * s.parameter), machine.host_to_device_bytes_per_second);
   t.optimizer = shared_cores ? device_update + host_update : std::max(device_update, host_update);
-  const double update = std::max({t.optimizer, nvme_states, upload}) +
-                        (offloaded > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) : 0.0);
+  double update = std::max({t.optimizer, nvme_states, upload}) +
+                 (offloaded > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) : 0.0);
+  // Updates beside backward: each chunk's starts once its gradient is reduced, so backward's time hides the update
+  // but for the last chunk's share, which starts when backward ends.
+  if (s.updates_overlap && n > 0) {
+    const double backward = s.flops > 0 ? phase * s.backward_flops / s.flops : 0.0;
+    update = std::max(update / static_cast<double>(n), update - backward);
+  }
 
   t.nvme = nvme_fetch + nvme_states;
   t.host_to_device += upload;

@@ -35,6 +35,9 @@ struct model_profile {
   tensor_name name;
   std::vector<tensor_spec> tensors;  // first-use order
   std::vector<profile_pass> passes;  // one training step: forward passes, then backward passes
+  /// How the trainer runs its updates: each chunk's as soon as its gradient is reduced, beside the rest of backward
+  /// (the runtime does when it has a learning-rate schedule and no global-norm clipping), or all after backward.
+  bool updates_overlap_backward = false;
 
   [[nodiscard]] constexpr std::uint64_t parameter_count() const noexcept {
     std::uint64_t n = 0;
