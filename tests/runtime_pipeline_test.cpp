@@ -238,6 +238,24 @@ TEST_CASE("the collectives move the bytes a hand count gives") {
     CHECK(t.published == steps * chunks * bytes(chunk / 2));
     CHECK(t.gathered == 0);
   }
+  SUBCASE("cached<pinned_host>: the cache's accesses, fetches, bytes and invalidations") {
+    const auto r = train<on_toy<default_plans::at<5>>>({.ranks = 2, .overlap = true, .device_blocks = 3});
+    const auto& c = r.cache;
+    // Every chunk streamed; one access per run of passes using it: chunks 0 1 2 3 2 1 0 (chunk 3 stays acquired from
+    // the last forward pass through the first backward ones).
+    CHECK(r.streamed == chunks);
+    CHECK(c.accesses == steps * 7);
+    CHECK(c.hits + c.misses == c.accesses);
+    CHECK(c.departures == 0);
+    // Each update changes its chunk's home: a copy still cached then is dropped (at most one per chunk and step),
+    // and every chunk is fetched again each step.
+    CHECK(c.invalidations <= steps * chunks);
+    CHECK(c.invalidations > 0);
+    CHECK(c.fetches() >= steps * chunks);
+    CHECK(c.bytes_home_to_device == c.fetches() * bytes(chunk / 2));  // a block holds this rank's half
+    CHECK(c.bytes_device_to_home == 0);  // parameters are never written on the device
+    CHECK(r.traffic.fetched == c.bytes_home_to_device);
+  }
   SUBCASE("sharded: one gather per chunk in forward and in backward, but the last, plus the next step's prefetch") {
     const auto t = train<on_toy<default_plans::at<2>>>({.ranks = 4}).traffic;
     const byte_count gather = bytes(chunk - chunk / 4);  // the three quarters this rank does not keep
