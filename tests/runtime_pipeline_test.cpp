@@ -51,7 +51,6 @@ struct toy_result {
   std::size_t chunks = 0, streamed = 0;
   bool overlapped = false;
   std::uint64_t rates_asked_in_backward = 0;  // the schedule's calls between the last release and step(), rank 0
-  std::vector<std::size_t> full_elements, home_elements, owned_elements;  // rank 0's chunk geometry
 };
 
 template <class Plan>
