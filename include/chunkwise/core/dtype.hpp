@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace chunkwise {
 
@@ -113,6 +114,29 @@ constexpr float to_float(fp16 value) noexcept {
     --e;
   }
   return std::bit_cast<float>(sign | (e << 23) | ((m & 0x3ffu) << 13));
+}
+
+/// fp32 -> T for the compute element types (float, bf16, fp16), rounding to nearest even.
+template <class T>
+constexpr T from_float(float value) noexcept {
+  if constexpr (std::is_same_v<T, bf16>) return to_bf16(value);
+  else if constexpr (std::is_same_v<T, fp16>) return to_fp16(value);
+  else return value;
+}
+constexpr float to_float(float value) noexcept { return value; }
+
+/// Calls f(T{}) with T the C++ type of a compute element type (fp32 -> float, bf16, fp16): one switch where a run-time
+/// type meets templated code. Other types are refused with `what` in the message.
+template <class F>
+decltype(auto) visit_element(dtype type, std::string_view what, F&& f) {
+  switch (type) {
+    case dtype::fp32: return f(float{});
+    case dtype::bf16: return f(bf16{});
+    case dtype::fp16: return f(fp16{});
+    default: break;
+  }
+  detail::raise(error_code::unsupported, std::string(what) + ": " + std::string(to_string(type)) +
+                                             " is not a training element type (fp32, bf16 or fp16)");
 }
 
 }  // namespace chunkwise

@@ -1,7 +1,8 @@
 #pragma once
 // Sharded, atomic, checksummed checkpoints of the runtime's training state, with resharding: each rank saves the
-// pieces of every tensor it owns (parameters and Adam's two moments, read from the home storage) and loads the pieces
-// that overlap what it owns in this run's layout, whatever rank count and plan saved them. File format and commit
+// pieces of every tensor it owns (fp32 master weights and Adam's two moments, read from the home storage) and loads
+// the pieces that overlap what it owns in this run's layout, whatever rank count and plan saved them (bf16/fp16 working
+// copies are rounded from the loaded master weights). File format and commit
 // protocol: runtime/checkpoint_file.hpp. Both are collective calls between steps; the ranks agree on the outcome.
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/atomic_file.hpp>
@@ -9,6 +10,7 @@
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/runtime/checkpoint_file.hpp>
+#include <chunkwise/runtime/home_view.hpp>
 #include <chunkwise/runtime/detail/rank_agreement.hpp>
 
 #include <algorithm>
@@ -45,19 +47,19 @@ void save_checkpoint(const checkpoint_site<Record, Homes, Comm>& site, const std
     std::vector<checkpoint_piece> pieces;
     std::vector<std::vector<float>> values;
     for (auto& b : site.chunks)
-      site.homes.read(b.index, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-        const std::size_t owned_end = b.owned_end(), home_first = b.home_first();
+      site.homes.read(b.index, [&](const home_view& home) {
+        const std::size_t owned_end = b.owned_end();
         for (const auto& slot : site.map.chunks[b.index].slots) {
-          const std::size_t first = slot.offset / sizeof(float);
+          const std::size_t first = slot.offset / size_of(home.type);
           const std::size_t lo = std::max(first, b.owned.offset);
           const std::size_t hi = std::min(first + site.model.tensors[slot.tensor].elements, owned_end);
           if (lo >= hi) continue;
           const std::size_t n = hi - lo;
           std::vector<float> v(3 * n);
           const auto at = [](std::size_t i) { return static_cast<std::ptrdiff_t>(i); };
-          std::copy_n(home.begin() + at(lo - home_first), n, v.begin());
-          std::copy_n(moment1.begin() + at(lo - b.owned.offset), n, v.begin() + at(n));
-          std::copy_n(moment2.begin() + at(lo - b.owned.offset), n, v.begin() + at(2 * n));
+          std::copy_n(home.master.begin() + at(lo - b.owned.offset), n, v.begin());  // fp32 whatever the compute type
+          std::copy_n(home.moment1.begin() + at(lo - b.owned.offset), n, v.begin() + at(n));
+          std::copy_n(home.moment2.begin() + at(lo - b.owned.offset), n, v.begin() + at(2 * n));
           pieces.push_back({slot.tensor, lo - first, n});
           values.push_back(std::move(v));
         }
@@ -94,6 +96,7 @@ std::vector<staged_chunk> read_checkpoint(const checkpoint_site<Record, Homes, C
   const checkpoint_identity& mine = site.identity;
   const auto& model = site.model;
   std::vector<staged_chunk> staged(site.chunks.size());
+  const std::size_t element_bytes = size_of(site.homes.type());
   for (const auto& b : site.chunks) {
     auto& to = staged[b.index];
     to.home.assign(b.home_elements, 0.0f);
@@ -128,7 +131,7 @@ std::vector<staged_chunk> read_checkpoint(const checkpoint_site<Record, Homes, C
       const auto& location = site.map.locations[piece.tensor];
       const auto& b = site.chunks[location.chunk];
       auto& to = staged[location.chunk];
-      const std::size_t first = location.offset / sizeof(float) + piece.first, end = first + piece.elements;
+      const std::size_t first = location.offset / element_bytes + piece.first, end = first + piece.elements;
       const std::size_t home_first = b.home_first(), home_end = b.home_end(), owned_end = b.owned_end();
       const auto missing = [&](std::size_t lo, std::size_t hi, std::size_t base, const std::vector<unsigned char>& have) {
         for (std::size_t i = lo; i < hi; ++i)
@@ -158,7 +161,7 @@ std::vector<staged_chunk> read_checkpoint(const checkpoint_site<Record, Homes, C
     const auto& to = staged[b.index];
     const std::size_t home_first = b.home_first(), home_end = b.home_end();
     for (const auto& slot : site.map.chunks[b.index].slots) {
-      const std::size_t first = slot.offset / sizeof(float), end = first + model.tensors[slot.tensor].elements;
+      const std::size_t first = slot.offset / element_bytes, end = first + model.tensors[slot.tensor].elements;
       bool complete = true;
       for (std::size_t i = std::max(first, home_first); i < std::min(end, home_end); ++i)
         complete = complete && to.have_home[i - home_first];
@@ -185,10 +188,10 @@ std::uint64_t load_checkpoint(const checkpoint_site<Record, Homes, Comm>& site, 
   detail::agree_on_outcome(site.comm, "load", directory, [&] { staged = detail::read_checkpoint(site, directory, steps); });
   for (auto& b : site.chunks) {
     auto& from = staged[b.index];
-    site.homes.update(b.index, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-      std::copy(from.home.begin(), from.home.end(), home.begin());
-      std::copy(from.moment1.begin(), from.moment1.end(), moment1.begin());
-      std::copy(from.moment2.begin(), from.moment2.end(), moment2.begin());
+    site.homes.update(b.index, [&](const home_view& home) {
+      home.assign(from.home);
+      std::copy(from.moment1.begin(), from.moment1.end(), home.moment1.begin());
+      std::copy(from.moment2.begin(), from.moment2.end(), home.moment2.begin());
     });
   }
   return steps;

@@ -24,11 +24,12 @@ struct chunk_record {
   bool shards_parameters = false; // the home is this rank's shard (ZeRO-3, hybrid)
   chunk_life life{0};
 
-  float* compute = nullptr;            // the parameters the trainer reads while the chunk is in use
+  std::byte* compute = nullptr;        // the working parameters the trainer reads while the chunk is in use
   bool home_held = false;              // the home storage lent its device copy (a cache block) to this chunk
   detail::tier_buffer full;            // the gathered copy (sharded parameters)
   detail::tier_buffer gradient;        // the full-chunk gradient accumulator, from the first backward use
   detail::tier_buffer owned_gradient;  // the reduced gradient of the owned elements (where the states live)
+                                       // (all three in the compute type: fp32, bf16 or fp16)
   bool states_on_device = true;
 
   pending<Comm> fetch;      // `fetching`: the all-gather of the home shards into `full`

@@ -36,8 +36,9 @@ class gradient_pipeline {
 
   gradient_pipeline(chunk_collectives<Collective, Comm>& ops, DeviceTier& device, std::vector<record>& chunks,
                     const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
-                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches)
-      : ops_(&ops), device_(&device), chunks_(&chunks), handover_(handover), micro_batches_(micro_batches) {
+                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches, dtype type)
+      : ops_(&ops), device_(&device), chunks_(&chunks), handover_(handover), micro_batches_(micro_batches),
+        type_(type) {
     if (micro_batches_ == 0)
       detail::raise(error_code::invalid_argument, "runtime: micro_batches = 0; give at least 1 forward and backward "
                                                   "per step");
@@ -54,13 +55,13 @@ class gradient_pipeline {
   [[nodiscard]] gradient_handover handover() const noexcept { return handover_; }
   [[nodiscard]] byte_count bytes_reduced() const noexcept { return reduced_bytes_; }
 
-  /// Device memory for a gathered chunk or a gradient accumulator. Past the budget, the accumulators of finished
+  /// Device memory for a gathered chunk or a gradient accumulator (in the compute type). Past the budget, the accumulators of finished
   /// reductions go back first (completing the oldest if none has finished); out_of_memory only when none is left.
   template <class Reduced>
   detail::tier_buffer device_buffer(std::size_t elements, Reduced&& reduced) {
     for (;;) {
       try {
-        return detail::tier_buffer(*device_, elements);
+        return detail::tier_buffer(*device_, elements, type_);
       } catch (const error& e) {
         if (e.code() != error_code::out_of_memory || !complete(/*wait_for_oldest=*/true, reduced)) throw;
       }
@@ -70,7 +71,7 @@ class gradient_pipeline {
   /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
   template <class Reduced>
   void backward_acquire(record& b, Reduced&& reduced) {
-    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements, reduced);
+    if (b.gradient.empty()) b.gradient = device_buffer(b.full_elements, reduced);
   }
 
   /// Profile hand-over: whether releasing `pass` completes chunk b's gradients for this step (its last backward
@@ -110,9 +111,12 @@ class gradient_pipeline {
   /// Chunk b's gradients are complete (grad_pending): reduce them, averaging over ranks, while the trainer goes on.
   template <class Reduced>
   void start(record& b, Reduced&& reduced) {
-    if (b.gradient.size() == 0) b.gradient = device_buffer(b.full_elements, reduced);  // no backward touched it
-    b.reduction = ops_->template reduce_grads<float>(b.gradient.span(), b.owned_gradient.span(), reduce_op::average);
-    reduced_bytes_ += b.gradient.size() * sizeof(float);
+    if (b.gradient.empty()) b.gradient = device_buffer(b.full_elements, reduced);  // no backward touched it
+    visit_element(type_, "runtime", [&]<class T>(T) {
+      b.reduction = ops_->template reduce_grads<T>(b.gradient.template span<T>(), b.owned_gradient.template span<T>(),
+                                                   reduce_op::average);
+    });
+    reduced_bytes_ += b.gradient.bytes();
     reducing_.push_back(b.index);
   }
 
@@ -157,6 +161,7 @@ class gradient_pipeline {
   std::vector<record>* chunks_;
   gradient_handover handover_;
   std::uint32_t micro_batches_;
+  dtype type_;
   std::vector<std::size_t> last_backward_;
   std::vector<std::size_t> slots_;           // tensors per chunk
   std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this step

@@ -1,10 +1,12 @@
 #pragma once
-// home_storage<Placement, Backend>: where every chunk's parameters and optimizer moments live between uses, behind
-// one interface whatever the placement:
-//   resident chunks    parameters in the device tier (the compute reads them in place); moments in the device tier,
-//                      or in the pinned host tier when the plan offloads their optimizer states;
-//   streamed chunks    cached<Space>, split<Space>: parameters and moments in Space (pinned host, host or NVMe),
-//                      lent to the device through a cache of blocks fetched ahead along the profiled order
+// home_storage<Placement, Backend>: where every chunk's parameters and optimizer states live between uses, behind
+// one interface whatever the placement (each chunk's state as a home_view: working parameters in the compute type,
+// fp32 master weights, moments):
+//   resident chunks    working parameters in the device tier (the compute reads them in place); master weights (in
+//                      bf16/fp16) and moments in the device tier, or in the pinned host tier when the plan offloads
+//                      their optimizer states;
+//   streamed chunks    cached<Space>, split<Space>: everything in Space (pinned host, host or NVMe), the working
+//                      parameters lent to the device through a cache of blocks fetched ahead along the profiled order
 //                      (runtime/detail/streamed_homes.hpp).
 // Chunk ids are the layout's; the first `resident` chunks in first-use order stay on the device, as the cost model
 // assumes.
@@ -14,6 +16,7 @@
 #include <chunkwise/placement/concepts.hpp>
 #include <chunkwise/placement/device_cache.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
+#include <chunkwise/runtime/home_view.hpp>
 #include <chunkwise/runtime/detail/streamed_homes.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
@@ -31,6 +34,8 @@ namespace chunkwise::inline CHUNKWISE_ABI {
 struct home_layout {
   std::vector<std::size_t> param_elements;   // per chunk: this rank's home parameters
   std::vector<std::size_t> state_elements;   // per chunk: its owned elements (each Adam moment)
+  std::vector<std::size_t> owned_offset;     // per chunk: where the owned elements start in its home parameters
+  dtype type = dtype::fp32;                  // the working parameters' element type
   std::vector<unsigned char> states_on_device;  // per resident chunk: moments in the device tier (else pinned host)
   std::size_t resident = 0;                  // chunks 0..resident-1 stay on the device
   std::vector<std::uint32_t> streamed_order; // the profiled access order of streamed chunks (their local ids)
@@ -48,15 +53,17 @@ class home_storage {
 
   home_storage(Backend& backend, device_tier& device, pinned_host_tier& pinned, byte_count host_budget,
                home_layout layout)
-      : resident_(layout.resident) {
+      : resident_(layout.resident), type_(layout.type), owned_offset_(layout.owned_offset) {
     for (std::size_t c = 0; c < resident_; ++c) {
       resident_home h;
-      h.param = detail::tier_buffer(device, layout.param_elements[c]);
-      const bool on_device = layout.states_on_device[c] != 0;
-      h.moment1 = on_device ? detail::tier_buffer(device, layout.state_elements[c])
-                            : detail::tier_buffer(pinned, layout.state_elements[c]);
-      h.moment2 = on_device ? detail::tier_buffer(device, layout.state_elements[c])
-                            : detail::tier_buffer(pinned, layout.state_elements[c]);
+      h.param = detail::tier_buffer(device, layout.param_elements[c], type_);
+      const auto states = [&] {
+        return layout.states_on_device[c] != 0 ? detail::tier_buffer(device, layout.state_elements[c])
+                                               : detail::tier_buffer(pinned, layout.state_elements[c]);
+      };
+      if (type_ != dtype::fp32) h.master = states();
+      h.moment1 = states();
+      h.moment2 = states();
       residents_.push_back(std::move(h));
     }
     const std::size_t streamed = layout.param_elements.size() - resident_;
@@ -68,6 +75,9 @@ class home_storage {
                                 layout.param_elements.end());
         s.state_elements.assign(layout.state_elements.begin() + static_cast<std::ptrdiff_t>(resident_),
                                 layout.state_elements.end());
+        s.owned_offset.assign(layout.owned_offset.begin() + static_cast<std::ptrdiff_t>(resident_),
+                              layout.owned_offset.end());
+        s.type = type_;
         s.order = std::move(layout.streamed_order);
         s.blocks = layout.blocks;
         s.prefetch_depth = layout.prefetch_depth;
@@ -83,10 +93,13 @@ class home_storage {
   [[nodiscard]] bool streamed(std::uint32_t c) const noexcept { return c >= resident_; }
   [[nodiscard]] std::size_t streamed_chunks() const noexcept { return streamed_ ? streamed_->chunks() : 0; }
 
+  /// The working parameters' element type.
+  [[nodiscard]] dtype type() const noexcept { return type_; }
+
   /// The device copy of chunk c's home parameters: the home itself (resident), or a cache block, fetched ahead or on
   /// demand, until release(c).
-  float* acquire(std::uint32_t c) {
-    if (!streamed(c)) return residents_[c].param.data();
+  std::byte* acquire(std::uint32_t c) {
+    if (!streamed(c)) return residents_[c].param.template data<std::byte>();
     return streamed_->acquire(local(c));
   }
   void release(std::uint32_t c) {
@@ -99,20 +112,18 @@ class home_storage {
   void invalidate(std::uint32_t c, std::shared_ptr<completion> changed = nullptr) {
     if (streamed(c)) streamed_->invalidate(local(c), std::move(changed));
   }
-  /// Calls f(parameters, moment1, moment2) on chunk c's home state, which f may change (invalidate(c) first). May
-  /// run on another thread than acquire and release, one update at a time.
+  /// Calls f(home_view) on chunk c's home state, which f may change (invalidate(c) first). May run on another thread
+  /// than acquire and release, one update at a time.
   template <class F>
   void update(std::uint32_t c, F&& f) {
     if (streamed(c)) return streamed_->update(local(c), std::forward<F>(f));
-    auto& h = residents_[c];
-    f(h.param.span(), h.moment1.span(), h.moment2.span());
+    f(resident_view(c));
   }
-  /// Calls f(parameters, moment1, moment2) on a read-only view of chunk c's home state.
+  /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
   void read(std::uint32_t c, F&& f) {
     if (streamed(c)) return streamed_->read(local(c), std::forward<F>(f));
-    auto& h = residents_[c];
-    f(h.param.span(), h.moment1.span(), h.moment2.span());
+    f(resident_view(c));
   }
 
   /// After the updates of an iteration: fetch the next iteration's first streamed chunks ahead.
@@ -127,11 +138,18 @@ class home_storage {
 
  private:
   struct resident_home {
-    detail::tier_buffer param, moment1, moment2;
+    detail::tier_buffer param, master, moment1, moment2;  // master: bf16/fp16 only
   };
+  home_view resident_view(std::uint32_t c) {
+    auto& h = residents_[c];
+    home_view v{h.param.template data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c], {},
+                h.moment1.span(), h.moment2.span()};
+    v.master = v.separate_master() ? h.master.span() : std::span<float>(h.param.data() + v.owned_offset, v.moment1.size());
+    return v;
+  }
   struct absent {
     std::size_t chunks() const noexcept { return 0; }
-    float* acquire(std::uint32_t) { return nullptr; }
+    std::byte* acquire(std::uint32_t) { return nullptr; }
     void release(std::uint32_t) {}
     void invalidate(std::uint32_t, std::shared_ptr<completion>) {}
     template <class F> void update(std::uint32_t, F&&) {}
@@ -149,6 +167,8 @@ class home_storage {
   }
 
   std::size_t resident_;
+  dtype type_;
+  std::vector<std::size_t> owned_offset_;
   std::vector<resident_home> residents_;
   std::unique_ptr<streamed_holder> streamed_;  // after the residents: destroyed first (its cache waits for moves)
 };

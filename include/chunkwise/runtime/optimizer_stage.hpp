@@ -6,10 +6,15 @@
 // When the update of a chunk can start: as soon as its gradient is reduced, on the stage's own worker thread, while
 // backward goes on with the chunks before it (LoHan/Fuyou's "active gradient offloading", ZeRO-Offload's delayed
 // update without its staleness), provided the update depends on nothing but that chunk: the learning rate must be
-// known before step() (runtime_options::learning_rate, a schedule of the step number) and no global gradient-norm
-// clipping be asked for. Clipping needs the norm of every gradient before any update; this stage keeps it exact by
-// deferring: the updates then run at step(), after the norm (one all-gather of a double per rank). That costs the
-// overlap, not correctness; bench/compare/overlap.sh measures it.
+// known before step() (runtime_options::learning_rate, a schedule of the step number) and neither global gradient-norm
+// clipping nor fp16 loss scaling be asked for. Both need every gradient before any update (the norm; the overflow
+// check, which skips the whole step on every rank); this stage keeps them exact by deferring: the updates then run at
+// step(), after the norm (one all-gather of a double per rank). That costs the overlap, not correctness (we chose it
+// over update-then-roll-back, which is not bit-exact in fp32); bench/compare/overlap.sh measures it.
+//
+// Mixed precision: the update reads the reduced bf16/fp16 gradient, updates the fp32 master weights and moments, and
+// rewrites the chunk's working copy from the master weights in the same pass (home_view.hpp). Loss-scaled fp16
+// gradients are unscaled there too (grad_scale = clip coefficient / loss scale).
 //
 // Publication (ZeRO-2's all-gather of the updated shards) is a collective, so it runs on the caller's thread at
 // step(), in chunk order, the same on every rank whatever the timing of the updates.
@@ -18,7 +23,9 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
+#include <chunkwise/optim/loss_scaler.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/home_view.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -37,6 +44,7 @@ struct optimizer_settings {
   unsigned threads = 1;              // threads of the SIMD Adam (the caller counted)
   learning_rate_schedule schedule{}; // given: updates start as soon as each chunk's gradient is reduced
   float clip_norm = 0.0f;            // > 0: scale the gradients so their global L2 norm is at most this
+  std::optional<optim::loss_scaler_config> loss_scaling{};  // dynamic loss scaling (fp16): overflowed steps skip
 };
 
 template <class Collective, communicator Comm, class Homes>
@@ -51,6 +59,7 @@ class optimizer_stage {
     if (!(settings_.clip_norm >= 0.0f) || !std::isfinite(settings_.clip_norm))
       detail::raise(error_code::invalid_argument, "runtime: clip_norm must be a finite number >= 0 (0: no clipping), "
                                                   "got " + std::to_string(settings_.clip_norm));
+    if (settings_.loss_scaling) scaler_.emplace(*settings_.loss_scaling);
     if (overlaps()) worker_.emplace(1);
   }
   optimizer_stage(const optimizer_stage&) = delete;
@@ -61,10 +70,17 @@ class optimizer_stage {
   }
 
   /// Whether each chunk's update overlaps the rest of backward (see the header).
-  [[nodiscard]] bool overlaps() const noexcept { return settings_.schedule && settings_.clip_norm == 0.0f; }
+  [[nodiscard]] bool overlaps() const noexcept {
+    return settings_.schedule && settings_.clip_norm == 0.0f && !settings_.loss_scaling;
+  }
   [[nodiscard]] bool has_schedule() const noexcept { return static_cast<bool>(settings_.schedule); }
-  /// The global gradient norm of the last step (computed only when clipping; NaN otherwise).
+  /// The global gradient norm of the last step, unscaled (computed only when clipping or loss scaling; NaN otherwise;
+  /// infinite or NaN for an overflowed step).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }
+  /// The factor the trainer multiplies its loss by before backward (1 without loss scaling).
+  [[nodiscard]] float loss_scale() const noexcept { return scaler_ ? scaler_->scale() : 1.0f; }
+  /// Whether the last step was skipped: its gradients overflowed (loss scaling), nothing was updated.
+  [[nodiscard]] bool last_step_skipped() const noexcept { return skipped_; }
   [[nodiscard]] byte_count bytes_published() const noexcept { return published_bytes_; }
 
   /// Chunk b's gradient is reduced (on the caller's thread): with overlap, its update starts now on the worker.
@@ -87,7 +103,8 @@ class optimizer_stage {
 
   /// Ends step `step` once every chunk is reduced: the deferred updates (after the clipping norm), or the wait for
   /// the overlapped ones; then the publications in chunk order. `lr`: the step's rate when there is no schedule.
-  void finish(std::uint64_t step, std::optional<float> lr) {
+  /// Returns false when the step was skipped (overflowed gradients under loss scaling: nothing changed anywhere).
+  bool finish(std::uint64_t step, std::optional<float> lr) {
     auto& chunks = *chunks_;
     if (overlaps()) {
       std::exception_ptr failure;
@@ -101,37 +118,61 @@ class optimizer_stage {
       if (failure) std::rethrow_exception(failure);
     } else {
       const float rate = lr ? *lr : settings_.schedule(step);
-      const float scale = settings_.clip_norm > 0.0f ? clip_scale() : 1.0f;
+      const auto scale = gradient_scale();
+      skipped_ = !scale;
+      if (scaler_) scaler_->update(skipped_);
+      if (skipped_) return false;
       for (auto& b : chunks) {
         homes_->invalidate(b.index);
-        update(b, {.lr = rate, .step = step, .grad_scale = scale});
+        update(b, {.lr = rate, .step = step, .grad_scale = *scale});
       }
     }
     if constexpr (Collective::shards_gradients && !Collective::shards_parameters)
       for (auto& b : chunks)
-        homes_->update(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
-          ops_->template publish_update<float>(home).wait();
-          published_bytes_ += (home.size() - ops_->template owned_params<float>(home).size()) * sizeof(float);
+        homes_->update(b.index, [&](const home_view& home) {
+          visit_element(home.type, "runtime", [&]<class T>(T) {
+            const auto working = home.working_as<T>();
+            ops_->template publish_update<T>(working).wait();
+            published_bytes_ += (working.size() - ops_->template owned_params<T>(working).size()) * sizeof(T);
+          });
         });
+    return true;
   }
 
  private:
   void update(record& b, const optim::step_args& args) {
-    homes_->update(b.index, [&](std::span<float> home, std::span<float> moment1, std::span<float> moment2) {
-      const std::span<float> owned = ops_->template owned_params<float>(home);
-      const optim::chunk_arrays state{owned.data(), b.owned_gradient.data(), dtype::fp32, moment1.data(),
-                                      moment2.data(), nullptr, dtype::fp32, b.owned.valid};
+    homes_->update(b.index, [&](const home_view& home) {
+      const optim::chunk_arrays state{home.master.data(), b.owned_gradient.template data<std::byte>(), home.type,
+                                      home.moment1.data(), home.moment2.data(), home.owned_working(), home.type,
+                                      b.owned.valid};
       adam_.step(state, args);
     });
   }
 
-  // min(1, clip / (norm + 1e-6)), torch.nn.utils.clip_grad_norm_'s factor, over the global norm of the owned
-  // gradients of every rank. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
-  float clip_scale() {
+  // What every gradient is multiplied by at this step: 1 / loss scale, times the clipping factor; empty when the
+  // gradients overflowed under loss scaling (the step is skipped).
+  std::optional<float> gradient_scale() {
+    const double loss_scale = this->loss_scale();
+    if (settings_.clip_norm == 0.0f && !scaler_) return 1.0f;
+    last_norm_ = global_norm() / loss_scale;
+    if (!std::isfinite(last_norm_)) {
+      if (scaler_) return std::nullopt;
+      detail::raise(error_code::illegal_state, "runtime: the global gradient norm is " + std::to_string(last_norm_) +
+                                                   "; the gradients hold inf or NaN (fp16 runs: set "
+                                                   "runtime_options::loss_scaling to skip such steps)");
+    }
+    double factor = 1.0;
+    if (settings_.clip_norm > 0.0f) factor = std::min(1.0, static_cast<double>(settings_.clip_norm) / (last_norm_ + 1e-6));
+    return static_cast<float>(factor / loss_scale);
+  }
+
+  // The global L2 norm of the owned gradients (as stored, loss-scaled) of every rank: torch.nn.utils.clip_grad_norm_'s
+  // input. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
+  double global_norm() {
     std::vector<optim::chunk_arrays> owned;
     for (auto& b : *chunks_)
-      owned.push_back({nullptr, b.owned_gradient.data(), dtype::fp32, nullptr, nullptr, nullptr, dtype::fp32,
-                       b.owned.valid});
+      owned.push_back({nullptr, b.owned_gradient.template data<std::byte>(), homes_->type(), nullptr, nullptr,
+                       nullptr, dtype::fp32, b.owned.valid});
     const double mine = adam_.grad_sum_of_squares(owned);
     double total = mine;
     if (ops_->ranks() > 1 && Collective::shards_gradients) {
@@ -142,9 +183,7 @@ class optimizer_stage {
       for (const double s : all) total += s;
       total /= static_cast<double>(ops_->ranks() / ops_->shard_ranks());  // each group holds the whole gradient
     }
-    last_norm_ = std::sqrt(total);
-    const double factor = static_cast<double>(settings_.clip_norm) / (last_norm_ + 1e-6);
-    return factor < 1.0 ? static_cast<float>(factor) : 1.0f;
+    return std::sqrt(total);
   }
 
   optimizer_settings settings_;
@@ -153,6 +192,8 @@ class optimizer_stage {
   Homes* homes_;
   std::vector<record>* chunks_;
   std::optional<worker_threads> worker_;  // overlapped updates, one at a time, in hand-over order
+  std::optional<optim::loss_scaler> scaler_;
+  bool skipped_ = false;
   double last_norm_ = std::nan("");
   byte_count published_bytes_ = 0;
 };

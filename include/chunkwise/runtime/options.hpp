@@ -3,6 +3,7 @@
 // are handed over; and what the runtime reports about the bytes its collectives moved.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/optim/hyperparameters.hpp>
+#include <chunkwise/optim/loss_scaler.hpp>
 #include <chunkwise/runtime/gradient_pipeline.hpp>
 #include <chunkwise/runtime/optimizer_stage.hpp>
 
@@ -32,6 +33,10 @@ struct runtime_options {
   /// > 0: gradients are scaled so that their global L2 norm (over every rank) is at most this, as
   /// torch.nn.utils.clip_grad_norm_. Exact: the updates then wait for step() (they need every gradient's norm).
   float clip_norm = 0.0f;
+  /// Dynamic loss scaling for fp16 parameters (as torch.cuda.amp.GradScaler): the trainer multiplies its loss by
+  /// loss_scale(); a step whose gradients overflowed on any rank is skipped on every rank and the scale backs off.
+  /// Exact like clipping: the updates then wait for step().
+  std::optional<optim::loss_scaler_config> loss_scaling{};
   byte_count alignment = 256;
   byte_count device_budget = ~byte_count{0};  // bytes of the device tier per rank
   byte_count host_budget = ~byte_count{0};    // bytes of the pinned host tier per rank

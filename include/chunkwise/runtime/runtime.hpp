@@ -13,6 +13,10 @@
 // Collectives that shard parameters (ZeRO-3, hybrid) gather each chunk prefetch_depth passes ahead of its use and
 // drop the gathered copy after forward. Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget
 // that cannot hold a plan fails at construction with the tier's numbers.
+//
+// Precision is the model's: fp32 tensors train in fp32; bf16 or fp16 tensors keep bf16/fp16 working parameters and
+// gradients in the chunks (what moves, is gathered and reduced) and fp32 master weights and moments where the
+// optimizer states live (home_view.hpp). fp16 runs add runtime_options::loss_scaling.
 #include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
@@ -63,21 +67,24 @@ class runtime {
         placement_(detail::place_chunks<Plan>(map_.chunks.size(), pass_chunks_, options)),
         device_(options.device_budget),
         host_(options.host_budget),
-        chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, device_, host_)),
+        chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, type_, device_, host_)),
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
-        gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches),
-        optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm}, ops_, homes_,
-                   chunks_),
+        gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches, type_),
+        optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
+                    options.loss_scaling},
+                   ops_, homes_, chunks_),
         prefetch_depth_(options.prefetch_depth) {
     std::vector<float> staging;
     for (auto& b : chunks_) {
-      // The whole chunk, initialised tensor by tensor; this rank keeps its home part.
+      // The whole chunk in fp32, initialised tensor by tensor; this rank keeps its home part (master weights exact,
+      // a bf16/fp16 working copy rounded).
       staging.assign(b.full_elements, 0.0f);
       for (const auto& slot : map_.chunks[b.index].slots)
-        initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / sizeof(float), slot.bytes / sizeof(float)));
-      homes_.update(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
-        std::copy_n(staging.begin() + static_cast<std::ptrdiff_t>(b.home_first()), b.home_elements, home.begin());
+        initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / element_bytes(),
+                                                 model_.tensors[slot.tensor].elements));
+      homes_.update(b.index, [&](const home_view& home) {
+        home.assign(std::span<const float>(staging.data() + b.home_first(), b.home_elements));
       });
     }
     start_iteration();
@@ -169,30 +176,35 @@ class runtime {
     return pass_guard(*this, pass);
   }
 
-  /// The parameters of tensor t: valid between acquire and release of a pass that touches it.
-  std::span<float> parameter(std::uint32_t tensor) {
+  /// The working parameters of tensor t, in the model's element type T (float, bf16 or fp16): valid between acquire
+  /// and release of a pass that touches it.
+  template <class T = float>
+  std::span<T> parameter(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
     if (b.life.state() != chunk_state::in_use)
       detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(b.index) +
                                                    " read while " + std::string(to_string(b.life.state())) +
                                                    "; acquire a pass that uses it first");
-    return view(tensor, b.compute);
+    return view<T>(tensor, b.compute);
   }
-  /// Its gradient accumulator (the trainer adds into it): valid between acquire and release of a backward pass.
-  std::span<float> gradient(std::uint32_t tensor) {
+  /// Its gradient accumulator in T (the trainer adds into it): valid between acquire and release of a backward pass.
+  template <class T = float>
+  std::span<T> gradient(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    if (b.life.state() != chunk_state::in_use || b.gradient.size() == 0)
+    if (b.life.state() != chunk_state::in_use || b.gradient.empty())
       detail::raise(error_code::illegal_state, "runtime: gradient of tensor " + std::to_string(tensor) + " (chunk " +
                                                    std::to_string(b.index) + ") asked for outside a backward pass "
                                                    "that uses it; gradients exist from a chunk's first backward "
                                                    "acquire until its reduction");
-    return view(tensor, b.gradient.data());
+    return view<T>(tensor, b.gradient.template data<std::byte>());
   }
+  /// The element type of parameters and gradients (the model's tensors').
+  [[nodiscard]] dtype element_type() const noexcept { return type_; }
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.
   void zero_grad() {
-    for (auto& b : chunks_) std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
+    for (auto& b : chunks_) b.gradient.zero();
   }
 
   /// Ends the iteration with learning rate lr: every chunk's AdamW update (runtime_options::learning_rate unset).
@@ -210,22 +222,26 @@ class runtime {
     finish_step(std::nullopt);
   }
 
-  /// A copy of tensor t's current parameters. A collective call for plans that shard parameters: every rank calls it,
-  /// for the same tensors in the same order.
+  /// A copy of tensor t's current working parameters, as fp32 (what the trainer computes with). A collective call
+  /// for plans that shard parameters: every rank calls it, for the same tensors in the same order.
   std::vector<float> read_parameters(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    std::vector<float> values;
-    homes_.read(b.index, [&](std::span<float> home, std::span<float>, std::span<float>) {
-      values.assign(home.begin(), home.end());
+    std::vector<float> result(model_.tensors[tensor].elements);
+    const std::size_t first = map_.locations[tensor].offset / element_bytes();
+    visit_element(type_, "runtime", [&]<class T>(T) {
+      std::vector<T> values;
+      homes_.read(b.index, [&](const home_view& home) {
+        const auto working = home.working_as<T>();
+        values.assign(working.begin(), working.end());
+      });
+      if constexpr (collective::shards_parameters) {
+        std::vector<T> gathered(b.full_elements);
+        ops_.template gather_params<T>(std::span<const T>(values), std::span<T>(gathered)).wait();
+        values = std::move(gathered);
+      }
+      for (std::size_t i = 0; i < result.size(); ++i) result[i] = to_float(values[first + i]);
     });
-    if constexpr (collective::shards_parameters) {
-      std::vector<float> gathered(b.full_elements, 0.0f);
-      ops_.template gather_params<float>(std::span<const float>(values), std::span<float>(gathered)).wait();
-      values = std::move(gathered);
-    }
-    const std::size_t first = map_.locations[tensor].offset / sizeof(float);
-    return {values.begin() + static_cast<std::ptrdiff_t>(first),
-            values.begin() + static_cast<std::ptrdiff_t>(first + model_.tensors[tensor].elements)};
+    return result;
   }
 
   /// Saves the training state (runtime/checkpoint.hpp): a collective call between steps; if any rank fails, every
@@ -251,8 +267,13 @@ class runtime {
   /// Chunks streamed from the placement's home (0 for resident placements).
   [[nodiscard]] std::size_t streamed_chunks() const noexcept { return homes_.streamed_chunks(); }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
-  /// The global gradient norm of the last step, before clipping (NaN unless runtime_options::clip_norm is set).
+  /// The global gradient norm of the last step, unscaled and before clipping (NaN unless runtime_options::clip_norm
+  /// or loss_scaling is set).
   [[nodiscard]] double last_grad_norm() const noexcept { return optimizer_.last_grad_norm(); }
+  /// What the trainer multiplies its loss by before backward (runtime_options::loss_scaling; 1 without it).
+  [[nodiscard]] float loss_scale() const noexcept { return optimizer_.loss_scale(); }
+  /// Whether the last step() skipped its update: the gradients overflowed under loss scaling (steps() did not count it).
+  [[nodiscard]] bool last_step_skipped() const noexcept { return optimizer_.last_step_skipped(); }
   /// Whether each chunk's optimizer update runs beside the rest of backward (runtime/optimizer_stage.hpp).
   [[nodiscard]] bool updates_overlap_backward() const noexcept { return optimizer_.overlaps(); }
 
@@ -284,11 +305,14 @@ class runtime {
         }
       }
       b.life.start_fetch();
-      const float* home = lend_home(b);
+      const std::byte* home = lend_home(b);
       b.full = std::move(full);
-      b.fetch = ops_.template gather_params<float>(std::span<const float>(home, b.home_elements), b.full.span());
-      gathered_bytes_ += (b.full_elements - b.home_elements) * sizeof(float);
-      b.compute = b.full.data();
+      visit_element(type_, "runtime", [&]<class T>(T) {
+        b.fetch = ops_.template gather_params<T>(std::span<const T>(reinterpret_cast<const T*>(home), b.home_elements),
+                                                 b.full.template span<T>());
+      });
+      gathered_bytes_ += (b.full_elements - b.home_elements) * element_bytes();
+      b.compute = b.full.template data<std::byte>();
     } else {
       b.life.start_fetch();
       b.compute = lend_home(b);
@@ -319,7 +343,7 @@ class runtime {
         drop_parameters(b);
       }
   }
-  float* lend_home(record& b) {
+  std::byte* lend_home(record& b) {
     b.home_held = homes_.streamed(b.index);
     return homes_.acquire(b.index);
   }
@@ -351,8 +375,7 @@ class runtime {
                       "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
                           ", not grad_pending: run every backward pass (acquire and release) before step()");
     gradients_.finish(reduced_sink());
-    ++steps_;
-    optimizer_.finish(steps_, lr);
+    if (optimizer_.finish(steps_ + 1, lr)) ++steps_;  // a step skipped for overflow does not count
     for (auto& b : chunks_) b.life.updated(/*on_device=*/!collective::shards_parameters && !homes_.streamed(b.index));
     gradients_.next_step();
     start_iteration();
@@ -378,9 +401,16 @@ class runtime {
                                                       std::to_string(model_.tensors.size()));
     return map_.locations[tensor].chunk;
   }
-  std::span<float> view(std::uint32_t tensor, float* chunk_base) const {
-    return {chunk_base + map_.locations[tensor].offset / sizeof(float), model_.tensors[tensor].elements};
+  template <class T>
+  std::span<T> view(std::uint32_t tensor, std::byte* chunk_base) const {
+    if (dtype_of<T>() != type_)
+      detail::raise(error_code::invalid_argument, "runtime: tensor '" + model_.tensors[tensor].name.str() + "' is " +
+                                                      std::string(to_string(type_)) + ", asked for as " +
+                                                      std::string(to_string(dtype_of<T>())) +
+                                                      "; use parameter<T> / gradient<T> with the model's type");
+    return {reinterpret_cast<T*>(chunk_base + map_.locations[tensor].offset), model_.tensors[tensor].elements};
   }
+  std::size_t element_bytes() const noexcept { return size_of(type_); }
   void check_pass(std::size_t pass, const char* call) const {
     if (pass >= model_.passes.size())
       detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": pass " + std::to_string(pass) +
@@ -394,6 +424,7 @@ class runtime {
   }
 
   model_profile model_;
+  dtype type_ = detail::compute_type(model_);  // the working parameters' and gradients' element type
   Comm* comm_;
   bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;

@@ -24,12 +24,22 @@ namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 inline const model_profile& checked_model(const model_profile& model) {
   validate(model);
-  for (const auto& t : model.tensors)
-    if (t.type != dtype::fp32)
+  for (const auto& t : model.tensors) {
+    if (t.type != dtype::fp32 && t.type != dtype::bf16 && t.type != dtype::fp16)
       raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " + std::string(to_string(t.type)) +
-                                         "; this runtime holds fp32 parameters (mixed precision comes with the "
-                                         "optimizer's working copies)");
+                                         "; the runtime trains fp32, bf16 or fp16 parameters");
+    if (t.type != model.tensors.front().type)
+      raise(error_code::unsupported, "runtime: tensor '" + t.name.str() + "' is " + std::string(to_string(t.type)) +
+                                         " but '" + model.tensors.front().name.str() + "' is " +
+                                         std::string(to_string(model.tensors.front().type)) +
+                                         "; every parameter of a run has one element type (its master weights and "
+                                         "optimizer states are fp32 whatever it is)");
+  }
   return model;
+}
+/// The element type of the working parameters and gradients: the tensors' (fp32 when there are none).
+inline dtype compute_type(const model_profile& model) noexcept {
+  return model.tensors.empty() ? dtype::fp32 : model.tensors.front().type;
 }
 
 /// Every rank must run the same plan on the same model with the same layout knobs.
@@ -114,21 +124,24 @@ chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<s
 /// Each chunk's geometry, initial state and reduced-gradient buffer, which lives with its optimizer states.
 template <class Plan, communicator Comm, class Ops, class DeviceTier, class HostTier>
 std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& ops, const chunk_placement& p,
-                                             DeviceTier& device, HostTier& host) {
+                                             dtype type, DeviceTier& device, HostTier& host) {
   constexpr bool shards = Plan::collective::shards_parameters;
   std::vector<chunk_record<Comm>> records(map.chunks.size());
-  for (std::uint32_t c = 0; c < records.size(); ++c) {
-    auto& b = records[c];
-    const std::size_t elements = map.chunks[c].capacity / sizeof(float);
-    b.index = c;
-    b.life = chunk_life(c, !shards && c < p.resident ? chunk_state::ready : chunk_state::released);
-    b.shards_parameters = shards;
-    b.owned = ops.template owned<float>(elements);
-    b.full_elements = ops.template full_elements<float>(elements);
-    b.home_elements = ops.template home_elements<float>(elements);
-    b.states_on_device = c < p.resident - p.offloaded;
-    b.owned_gradient = b.states_on_device ? tier_buffer(device, b.owned.elements) : tier_buffer(host, b.owned.elements);
-  }
+  visit_element(type, "runtime", [&]<class T>(T) {
+    for (std::uint32_t c = 0; c < records.size(); ++c) {
+      auto& b = records[c];
+      const std::size_t elements = map.chunks[c].capacity / sizeof(T);
+      b.index = c;
+      b.life = chunk_life(c, !shards && c < p.resident ? chunk_state::ready : chunk_state::released);
+      b.shards_parameters = shards;
+      b.owned = ops.template owned<T>(elements);
+      b.full_elements = ops.template full_elements<T>(elements);
+      b.home_elements = ops.template home_elements<T>(elements);
+      b.states_on_device = c < p.resident - p.offloaded;
+      b.owned_gradient = b.states_on_device ? tier_buffer(device, b.owned.elements, type)
+                                            : tier_buffer(host, b.owned.elements, type);
+    }
+  });
   return records;
 }
 
@@ -144,7 +157,9 @@ home_layout make_home_layout(const model_profile& model, const std::vector<std::
   h.blocks = p.device_blocks - p.resident;
   h.prefetch_depth = options.prefetch_depth;
   h.nvme_directory = options.nvme_directory;
+  h.type = compute_type(model);
   for (const auto& b : records) {
+    h.owned_offset.push_back(b.owned.offset - b.home_first());
     h.param_elements.push_back(b.home_elements);
     h.state_elements.push_back(b.owned.elements);
     h.states_on_device.push_back(b.states_on_device ? 1 : 0);

@@ -1,8 +1,9 @@
 #pragma once
 // streamed_homes<Space>: the chunks a cached<> or split<> placement keeps off the device. Each streamed chunk has its
-// parameters (this rank's home part) and Adam moments in a home tier of Space: the pinned host tier, pageable host
-// memory or the NVMe store. A device cache of `blocks` chunk-sized blocks, fed by the transfer engine, holds the
-// parameters of the chunks in use, fetched ahead along the profiled order.
+// working parameters (this rank's home part, in the compute type), its fp32 master weights (bf16/fp16 only) and Adam
+// moments in a home tier of Space: the pinned host tier, pageable host memory or the NVMe store. A device cache of
+// `blocks` chunk-sized blocks, fed by the transfer engine, holds the working parameters of the chunks in use, fetched
+// ahead along the profiled order: in bf16/fp16 the cache moves half the bytes of fp32.
 //
 // The optimizer updates a streamed chunk where its states are (the home; for NVMe through pinned scratch buffers:
 // read, update, write back), which makes any cached copy stale: the caller invalidates it first (on the thread that
@@ -14,6 +15,7 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/placement/device_cache.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
+#include <chunkwise/runtime/home_view.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/host.hpp>
 #include <chunkwise/tier/nvme.hpp>
@@ -37,6 +39,8 @@ struct streamed_settings {
   std::size_t chunks = 0;                    // streamed chunks
   std::vector<std::size_t> param_elements;   // per chunk: this rank's home parameters
   std::vector<std::size_t> state_elements;   // per chunk: its owned elements (Adam moments)
+  std::vector<std::size_t> owned_offset;     // per chunk: where the owned elements start in its home parameters
+  dtype type = dtype::fp32;                  // the working parameters' element type
   std::vector<std::uint32_t> order;          // the profiled access order of streamed chunks (local ids)
   std::size_t blocks = 2;                    // device blocks of the cache
   std::size_t prefetch_depth = 2;
@@ -61,38 +65,39 @@ class streamed_homes {
       : settings_(std::move(s)),
         block_elements_(std::max<std::size_t>(1, *std::max_element(settings_.param_elements.begin(),
                                                                   settings_.param_elements.end()))),
+        block_bytes_(block_elements_ * size_of(settings_.type)),
+        state_bytes_(std::max<std::size_t>(1, *std::max_element(settings_.state_elements.begin(),
+                                                                settings_.state_elements.end())) *
+                     sizeof(float)),
         home_(make_home(pinned, host_budget)),
         engine_(make_engine(backend, pinned)) {
-    const byte_count block_bytes = block_elements_ * sizeof(float);
     std::vector<home_handle> params;
     for (std::size_t c = 0; c < settings_.chunks; ++c) {
+      chunk_home h;
       if constexpr (on_nvme) {
-        chunk_home h;
-        h.param = home_->allocate_sync(block_bytes);
-        h.moment1 = home_->allocate_sync(block_bytes);
-        h.moment2 = home_->allocate_sync(block_bytes);
-        homes_.push_back(h);
+        h.param = home_->allocate_sync(block_bytes_);
+        for (auto* state : states_of(h)) *state = home_->allocate_sync(state_bytes_);
         params.push_back(h.param);
       } else {
-        chunk_home h;
-        h.param = tier_buffer(*home_, block_elements_);  // whole blocks: the cache moves block_bytes
-        h.moment1 = tier_buffer(*home_, settings_.state_elements[c]);
-        h.moment2 = tier_buffer(*home_, settings_.state_elements[c]);
-        params.push_back(h.param.data());
-        homes_.push_back(std::move(h));
+        h.param = tier_buffer(*home_, block_elements_, settings_.type);  // whole blocks: the cache moves block_bytes
+        for (auto* state : states_of(h)) *state = tier_buffer(*home_, settings_.state_elements[c]);
+        params.push_back(h.param.template data<std::byte>());
       }
+      homes_.push_back(std::move(h));
     }
     if constexpr (on_nvme) {
-      for (auto* buffer : {&scratch_param_, &scratch_moment1_, &scratch_moment2_})
-        *buffer = tier_buffer(pinned, round_up(block_bytes, nvme_tier::io_alignment) / sizeof(float));
+      scratch_param_ = tier_buffer(pinned, round_up(block_bytes_, nvme_tier::io_alignment), dtype::uint8);
+      for (auto* buffer : {&scratch_master_, &scratch_moment1_, &scratch_moment2_})
+        *buffer = tier_buffer(pinned, round_up(state_bytes_, nvme_tier::io_alignment), dtype::uint8);
       // Every block written once (zeros; the runtime's first update fills the parameters): reads never meet an
       // unwritten block.
-      for (const auto& h : homes_)
-        for (const auto block : {h.param, h.moment1, h.moment2})
-          home_->write(block, scratch_param_.data(), block_bytes);
+      for (auto& h : homes_) {
+        home_->write(h.param, scratch_param_.data<std::byte>(), block_bytes_);
+        for (auto* state : states_of(h)) home_->write(*state, scratch_master_.data<std::byte>(), state_bytes_);
+      }
     }
     cache_.emplace(*engine_, device, std::move(params), settings_.order,
-                   cache_options{.blocks = settings_.blocks, .chunk_bytes = block_bytes,
+                   cache_options{.blocks = settings_.blocks, .chunk_bytes = block_bytes_,
                                  .prefetch_depth = settings_.prefetch_depth});
   }
   streamed_homes(const streamed_homes&) = delete;
@@ -101,13 +106,15 @@ class streamed_homes {
     cache_.reset();   // waits for its moves before the homes go
     engine_.reset();
     if constexpr (on_nvme)
-      for (const auto& h : homes_)
-        for (const auto block : {h.param, h.moment1, h.moment2}) home_->deallocate_sync(block);
+      for (auto& h : homes_) {
+        home_->deallocate_sync(h.param);
+        for (auto* state : states_of(h)) home_->deallocate_sync(*state);
+      }
     homes_.clear();
   }
 
-  /// The device copy of chunk c's home parameters (param_elements[c] floats), until release(c).
-  float* acquire(std::uint32_t c) { return static_cast<float*>(cache_->acquire(c)); }
+  /// The device copy of chunk c's working parameters (param_elements[c] elements), until release(c).
+  std::byte* acquire(std::uint32_t c) { return static_cast<std::byte*>(cache_->acquire(c)); }
   void release(std::uint32_t c) { cache_->release(c); }
 
   /// Drops chunk c's cached copy before its home changes (on the thread that acquires and releases); `changed`: the
@@ -116,13 +123,13 @@ class streamed_homes {
     cache_->invalidate(c, changed ? engine_type::transfer_type::after_completion(std::move(changed))
                                   : typename engine_type::transfer_type{});
   }
-  /// Calls f(parameters, moment1, moment2) on chunk c's home state, which f may change; invalidate(c) first. May run
-  /// on another thread than acquire and release; one update at a time.
+  /// Calls f(home_view) on chunk c's home state, which f may change; invalidate(c) first. May run on another thread
+  /// than acquire and release; one update at a time.
   template <class F>
   void update(std::uint32_t c, F&& f) {
     visit(c, /*write=*/true, std::forward<F>(f));
   }
-  /// Calls f(parameters, moment1, moment2) on a read-only view of chunk c's home state.
+  /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
   void read(std::uint32_t c, F&& f) {
     visit(c, /*write=*/false, std::forward<F>(f));
@@ -136,18 +143,24 @@ class streamed_homes {
   [[nodiscard]] std::size_t chunks() const noexcept { return settings_.chunks; }
 
  private:
+  using home_block = std::conditional_t<on_nvme, nvme_block, tier_buffer>;
   struct chunk_home {
-    std::conditional_t<on_nvme, nvme_block, tier_buffer> param{}, moment1{}, moment2{};
+    home_block param{}, master{}, moment1{}, moment2{};  // master: bf16/fp16 only
   };
+  // The fp32 arrays of a chunk's home: master weights when they are separate, the moments.
+  std::vector<home_block*> states_of(chunk_home& h) const {
+    if (settings_.type == dtype::fp32) return {&h.moment1, &h.moment2};
+    return {&h.master, &h.moment1, &h.moment2};
+  }
 
   std::unique_ptr<home_tier, void (*)(home_tier*)> make_home(pinned_host_tier& pinned, byte_count host_budget) {
-    const byte_count block_bytes = block_elements_ * sizeof(float);
     if constexpr (on_nvme) {
-      const byte_count slot = round_up(block_bytes, nvme_tier::io_alignment);
+      const byte_count block = std::max(block_bytes_, state_bytes_);
+      const std::size_t arrays = settings_.type == dtype::fp32 ? 3 : 4;  // parameters, (master,) two moments
       nvme_options store;
       store.directory = settings_.nvme_directory;
-      store.capacity = 3 * slot * settings_.chunks;  // parameters and two moments per chunk
-      store.block_bytes = block_bytes;
+      store.capacity = arrays * round_up(block, nvme_tier::io_alignment) * settings_.chunks;
+      store.block_bytes = block;
       return {new nvme_tier(store), [](home_tier* t) { delete t; }};
     } else if constexpr (std::same_as<Space, space::host>) {
       return {new host_tier(host_budget), [](home_tier* t) { delete t; }};
@@ -160,7 +173,7 @@ class streamed_homes {
     if constexpr (on_nvme)
       return std::make_unique<engine_type>(backend, *home_, pinned,
                                            transfer_options{.staging_buffers = 2,
-                                                            .staging_bytes = block_elements_ * sizeof(float)});
+                                                            .staging_bytes = block_bytes_});
     else
       return std::make_unique<engine_type>(backend, *home_, pinned, transfer_options{});
   }
@@ -172,30 +185,43 @@ class streamed_homes {
                                               std::to_string(homes_.size()));
     const std::size_t params = settings_.param_elements[c], states = settings_.state_elements[c];
     auto& h = homes_[c];
+    home_view v{nullptr, params, settings_.type, settings_.owned_offset[c], {}, {}, {}};
     if constexpr (on_nvme) {
-      const byte_count bytes = block_elements_ * sizeof(float);
-      home_->read(h.param, scratch_param_.data(), bytes);
-      home_->read(h.moment1, scratch_moment1_.data(), bytes);
-      home_->read(h.moment2, scratch_moment2_.data(), bytes);
-      f(std::span<float>(scratch_param_.data(), params), std::span<float>(scratch_moment1_.data(), states),
-        std::span<float>(scratch_moment2_.data(), states));
+      const auto arrays = states_of(h);
+      tier_buffer* scratch[] = {&scratch_master_, &scratch_moment1_, &scratch_moment2_};
+      tier_buffer** scratch_states = arrays.size() == 3 ? scratch : scratch + 1;
+      home_->read(h.param, scratch_param_.data<std::byte>(), block_bytes_);
+      for (std::size_t k = 0; k < arrays.size(); ++k)
+        home_->read(*arrays[k], scratch_states[k]->template data<std::byte>(), state_bytes_);
+      v.working = scratch_param_.data<std::byte>();
+      v.master = std::span<float>(scratch_master_.data(), states);
+      v.moment1 = std::span<float>(scratch_moment1_.data(), states);
+      v.moment2 = std::span<float>(scratch_moment2_.data(), states);
+      if (!v.separate_master()) v.master = std::span<float>(scratch_param_.data() + v.owned_offset, states);
+      f(v);
       if (write) {
-        home_->write(h.param, scratch_param_.data(), bytes);
-        home_->write(h.moment1, scratch_moment1_.data(), bytes);
-        home_->write(h.moment2, scratch_moment2_.data(), bytes);
+        home_->write(h.param, scratch_param_.data<std::byte>(), block_bytes_);
+        for (std::size_t k = 0; k < arrays.size(); ++k)
+          home_->write(*arrays[k], scratch_states[k]->template data<std::byte>(), state_bytes_);
       }
     } else {
       (void)write;
-      f(std::span<float>(h.param.data(), params), h.moment1.span(), h.moment2.span());
+      v.working = h.param.template data<std::byte>();
+      v.moment1 = h.moment1.span();
+      v.moment2 = h.moment2.span();
+      v.master = v.separate_master() ? h.master.span() : std::span<float>(h.param.data() + v.owned_offset, states);
+      f(v);
     }
   }
 
   streamed_settings settings_;
   std::size_t block_elements_;
+  byte_count block_bytes_;  // one cache block: the largest home part's working parameters
+  byte_count state_bytes_;  // the largest owned part in fp32 (master weights, each moment)
   std::unique_ptr<home_tier, void (*)(home_tier*)> home_;
   std::unique_ptr<engine_type> engine_;
   std::vector<chunk_home> homes_;
-  tier_buffer scratch_param_, scratch_moment1_, scratch_moment2_;  // NVMe only: pinned, I/O-aligned
+  tier_buffer scratch_param_, scratch_master_, scratch_moment1_, scratch_moment2_;  // NVMe only: pinned, I/O-aligned
   std::optional<cache_type> cache_;
 };
 

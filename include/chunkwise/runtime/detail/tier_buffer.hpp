@@ -1,10 +1,12 @@
 #pragma once
-// tier_buffer: a zero-filled float array allocated from a memory tier (so the tier's byte budget counts it and
-// refuses what does not fit), returned to the tier when destroyed. Movable, not copyable.
+// tier_buffer: a zero-filled array allocated from a memory tier (so the tier's byte budget counts it and refuses what
+// does not fit), returned to the tier when destroyed. Its elements are fp32 unless a 16-bit element type is given
+// (mixed-precision parameters and gradients); data<T>() views them as T. Movable, not copyable.
 #include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/dtype.hpp>
 
-#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <utility>
 
@@ -14,13 +16,14 @@ class tier_buffer {
  public:
   tier_buffer() = default;
   template <class Tier>
-  tier_buffer(Tier& tier, std::size_t elements) : tier_(&tier), size_(elements) {
-    release_ = [](void* owner, void* block, std::size_t count) noexcept {
-      static_cast<Tier*>(owner)->deallocate_sync(block, count * sizeof(float));
+  tier_buffer(Tier& tier, std::size_t elements, dtype type = dtype::fp32)
+      : tier_(&tier), bytes_(elements * size_of(type)) {
+    release_ = [](void* owner, void* block, std::size_t bytes) noexcept {
+      static_cast<Tier*>(owner)->deallocate_sync(block, bytes);
     };
-    if (size_ != 0) {
-      data_ = static_cast<float*>(tier.allocate_sync(size_ * sizeof(float)));
-      std::fill(data_, data_ + size_, 0.0f);
+    if (bytes_ != 0) {
+      data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
+      std::memset(data_, 0, bytes_);
     }
   }
   tier_buffer(tier_buffer&& other) noexcept { swap(other); }
@@ -32,28 +35,38 @@ class tier_buffer {
   tier_buffer(const tier_buffer&) = delete;
   tier_buffer& operator=(const tier_buffer&) = delete;
   ~tier_buffer() {
-    if (data_ != nullptr) release_(tier_, data_, size_);
+    if (data_ != nullptr) release_(tier_, data_, bytes_);
   }
 
-  [[nodiscard]] float* data() noexcept { return data_; }
-  [[nodiscard]] const float* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] std::span<float> span() noexcept { return {data_, size_}; }
-  [[nodiscard]] std::span<const float> span() const noexcept { return {data_, size_}; }
-  float* begin() noexcept { return data_; }
-  float* end() noexcept { return data_ + size_; }
+  template <class T = float>
+  [[nodiscard]] T* data() noexcept {
+    return reinterpret_cast<T*>(data_);
+  }
+  template <class T = float>
+  [[nodiscard]] const T* data() const noexcept {
+    return reinterpret_cast<const T*>(data_);
+  }
+  template <class T = float>
+  [[nodiscard]] std::span<T> span() noexcept {
+    return {data<T>(), bytes_ / sizeof(T)};
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
+  void zero() noexcept {
+    if (data_ != nullptr) std::memset(data_, 0, bytes_);
+  }
 
  private:
   void swap(tier_buffer& other) noexcept {
     std::swap(tier_, other.tier_);
     std::swap(data_, other.data_);
-    std::swap(size_, other.size_);
+    std::swap(bytes_, other.bytes_);
     std::swap(release_, other.release_);
   }
 
   void* tier_ = nullptr;
-  float* data_ = nullptr;
-  std::size_t size_ = 0;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
   void (*release_)(void*, void*, std::size_t) noexcept = nullptr;
 };
 
