@@ -2,7 +2,8 @@
 // every plan of the default set (placement, collective and optimizer execution, with a layout that cuts the toy into
 // several chunks) at 1, 2 and 4 thread ranks, with updates at step() and with updates overlapping backward;
 // clipping by the global norm across ranks; micro-batch accumulation; a run that departs from the profiled order;
-// the bytes the collectives move, against hand counts.
+// the bytes the collectives move, against hand counts; bf16 and fp16 parameters (fp32 master weights) against a
+// reference computed in the same precision, and fp16 loss scaling that skips an overflowed step.
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/collective/hybrid.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
@@ -41,6 +42,8 @@ struct toy_run {
   std::uint32_t micro_batches = 1;
   bool evaluate_between = false;  // forward passes only before each step's training (not in the profile's order)
   std::optional<std::size_t> device_blocks{};
+  dtype type = dtype::fp32;   // the parameters' and gradients' element type
+  std::optional<optim::loss_scaler_config> loss_scaling{};
 };
 
 struct toy_result {
@@ -51,12 +54,60 @@ struct toy_result {
   std::size_t chunks = 0, streamed = 0;
   bool overlapped = false;
   std::uint64_t rates_asked_in_backward = 0;  // the schedule's calls between the last release and step(), rank 0
+  std::vector<bool> skipped;                  // rank 0's, per step (loss scaling)
+  std::vector<float> loss_scales;             // rank 0's, after each step
+  std::uint64_t steps_taken = 0;
+};
+
+// The toy computes in fp32: with 16-bit parameters it reads fp32 copies of a pass's working parameters and adds its
+// fp32 gradients into the 16-bit accumulators (rounded) when the pass ends, before the runtime releases it.
+template <class Runtime>
+struct precision_bridge {
+  Runtime& rt;
+  std::vector<std::vector<float>> params, grads;
+  std::vector<std::uint32_t> written;  // tensors whose gradients the current pass wrote
+
+  float* param(std::uint32_t t) {
+    return visit_element(rt.element_type(), "toy", [&]<class T>(T) -> float* {
+      if constexpr (std::is_same_v<T, float>) return rt.parameter(t).data();
+      else {
+        const auto working = rt.template parameter<T>(t);
+        params[t].resize(working.size());
+        for (std::size_t i = 0; i < working.size(); ++i) params[t][i] = to_float(working[i]);
+        return params[t].data();
+      }
+    });
+  }
+  float* grad(std::uint32_t t) {
+    if (rt.element_type() == dtype::fp32) return rt.gradient(t).data();
+    grads[t].assign(rt.layout().locations.size() > t ? toy::elements(t) : 0, 0.0f);
+    written.push_back(t);
+    return grads[t].data();
+  }
+  void flush() {
+    visit_element(rt.element_type(), "toy", [&]<class T>(T) {
+      if constexpr (!std::is_same_v<T, float>)
+        for (const auto t : written) {
+          const auto accumulator = rt.template gradient<T>(t);
+          for (std::size_t i = 0; i < accumulator.size(); ++i)
+            accumulator[i] = from_float<T>(to_float(accumulator[i]) + grads[t][i]);
+        }
+    });
+    written.clear();
+  }
+};
+// A pass in use: its gradients are flushed before the guard releases it.
+template <class Guard, class Bridge>
+struct flushing_use {
+  Bridge& bridge;
+  Guard guard;
+  ~flushing_use() { bridge.flush(); }
 };
 
 template <class Plan>
 toy_result train(const toy_run& run) {
   const std::size_t rows = toy::batch / static_cast<std::size_t>(run.ranks) / std::max(run.micro_batches, 1u);
-  const auto model = toy::profile(rows);
+  const auto model = toy::profile(rows, run.type);
   thread_world world(run.ranks, std::chrono::milliseconds(20'000));
   toy_result result;
   result.parameters.resize(model.tensors.size());
@@ -80,18 +131,24 @@ toy_result train(const toy_run& run) {
         o.micro_batches = run.micro_batches;
         o.device_blocks = run.device_blocks;
         o.nvme_directory = nvme;
-        runtime<Plan, host_backend, thread_comm> rt(model, comm, toy::initialize, o);
+        o.loss_scaling = run.loss_scaling;
+        using runtime_type = runtime<Plan, host_backend, thread_comm>;
+        runtime_type rt(model, comm, toy::initialize, o);
+        precision_bridge<runtime_type> bridge{rt, std::vector<std::vector<float>>(model.tensors.size()),
+                                              std::vector<std::vector<float>>(model.tensors.size()), {}};
         std::vector<float> x, y;
         for (std::uint64_t step = 1; step <= run.steps; ++step) {
           toy::make_batch(step, x, y);
-          const auto use = [&](std::size_t pass) { return rt.use(pass); };
-          const auto param = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
-          const auto grad = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
+          const auto use = [&](std::size_t pass) {
+            return flushing_use<typename runtime_type::pass_guard, decltype(bridge)>{bridge, rt.use(pass)};
+          };
+          const auto param = [&](std::size_t t) { return bridge.param(static_cast<std::uint32_t>(t)); };
+          const auto grad = [&](std::size_t t) { return bridge.grad(static_cast<std::uint32_t>(t)); };
           if (run.evaluate_between) toy::forward(x.data(), rows, use, param);
           for (std::uint32_t m = 0; m < run.micro_batches; ++m) {
             const std::size_t first = (static_cast<std::size_t>(r) * run.micro_batches + m) * rows;
             toy::forward_backward(x.data() + first * toy::widths[0], y.data() + first * toy::outputs, rows,
-                                  1.0f / static_cast<float>(rows * run.micro_batches), use, param, grad);
+                                  rt.loss_scale() / static_cast<float>(rows * run.micro_batches), use, param, grad);
           }
           const std::uint64_t before_step = asked.load();
           if (run.overlap) rt.step();
@@ -100,6 +157,8 @@ toy_result train(const toy_run& run) {
             result.rates_asked_in_backward += before_step;
             asked = 0;
             result.grad_norms.push_back(rt.last_grad_norm());
+            result.skipped.push_back(rt.last_step_skipped());
+            result.loss_scales.push_back(rt.loss_scale());
           }
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
@@ -112,6 +171,7 @@ toy_result train(const toy_run& run) {
           result.chunks = rt.layout().chunks.size();
           result.streamed = rt.streamed_chunks();
           result.overlapped = rt.updates_overlap_backward();
+          result.steps_taken = rt.steps();
         }
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -265,4 +325,82 @@ TEST_CASE("the collectives move the bytes a hand count gives") {
     CHECK(t.reduced == steps * chunks * bytes(chunk));
     CHECK(t.published == 0);
   }
+}
+
+TEST_CASE("bf16 parameters with fp32 master weights: every default plan at 1, 2 and 4 ranks against a bf16 reference") {
+  const auto fp32 = reference({}).parameters;
+  for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
+    for (const int ranks : {1, 2, 4}) {
+      const auto expected = toy::train_plain({.lr = warmup_lr, .type = dtype::bf16, .ranks = std::size_t(ranks)}).parameters;
+      // bf16 working copies differ from fp32 training by about bf16's resolution (2^-8): equality below tells the
+      // precisions apart.
+      REQUIRE(toy::worst_relative_difference(expected, fp32) > 1e-3);
+      CAPTURE(Plan::name());
+      CAPTURE(ranks);
+      const std::optional<std::size_t> blocks =
+          Plan::placement::uses_device_cache ? std::optional<std::size_t>(3) : std::nullopt;
+      const auto at_step = train<Plan>({.ranks = ranks, .device_blocks = blocks, .type = dtype::bf16});
+      const auto overlapped = train<Plan>({.ranks = ranks, .overlap = true, .device_blocks = blocks, .type = dtype::bf16});
+      CHECK(overlapped.overlapped);
+      CHECK(overlapped.parameters == at_step.parameters);
+      // The reference does the runtime's arithmetic (each rank's gradient rounded to bf16, averaged in fp32 in rank
+      // order, rounded once; AdamW on fp32 master weights; working copies rounded to nearest even): bit for bit.
+      CHECK(at_step.parameters == expected);
+    }
+  });
+}
+
+TEST_CASE("bf16 halves the bytes the collectives and the cache move") {
+  using zero2 = on_toy<default_plans::at<1>>;
+  using cached = on_toy<default_plans::at<5>>;  // cached<pinned_host>, sharded
+  const auto fp32 = train<zero2>({.ranks = 2});
+  const auto bf16 = train<zero2>({.ranks = 2, .type = dtype::bf16});
+  CHECK(bf16.traffic.reduced * 2 == fp32.traffic.reduced);
+  CHECK(bf16.traffic.published * 2 == fp32.traffic.published);
+  // In 4 KiB chunks bf16 packs the toy about as fp32 does in 8 KiB ones (alignment padding aside); a cache block holds
+  // this rank's half of a chunk: 2 KiB against 4 KiB.
+  using cached16 = plan<layout::fixed<4 * KiB>, cached::placement, cached::collective, cached::optimizer_execution>;
+  const auto streamed32 = train<cached>({.ranks = 2, .device_blocks = 3});
+  const auto streamed16 = train<cached16>({.ranks = 2, .device_blocks = 3, .type = dtype::bf16});
+  REQUIRE(streamed16.cache.fetches() > 0);
+  CHECK(streamed32.cache.bytes_home_to_device == streamed32.cache.fetches() * 4 * KiB);
+  CHECK(streamed16.cache.bytes_home_to_device == streamed16.cache.fetches() * 2 * KiB);
+}
+
+TEST_CASE("fp16 with loss scaling: an overflowed step is skipped on every rank and the scale backs off") {
+  // 2^20 times the toy's gradients overflows fp16 (65504) in the first step; backing off by 2^-10 leaves 1024, which
+  // does not, so steps 2..4 train.
+  const optim::loss_scaler_config scaling{.initial_scale = 1048576.0f, .backoff_factor = 1.0f / 1024.0f,
+                                          .min_scale = 1.0f, .max_scale = 1048576.0f};
+  const auto check = [&]<class Plan>(std::type_identity<Plan>, int ranks) {
+    CAPTURE(Plan::name());
+    CAPTURE(ranks);
+    const auto expected = toy::train_plain({.steps = 4, .lr = warmup_lr, .type = dtype::fp16, .loss_scale = 1024.0f,
+                                            .skipped = 1, .ranks = std::size_t(ranks)});
+    const std::optional<std::size_t> blocks =
+        Plan::placement::uses_device_cache ? std::optional<std::size_t>(3) : std::nullopt;
+    const auto got = train<Plan>(
+        {.ranks = ranks, .steps = 4, .overlap = true, .device_blocks = blocks, .type = dtype::fp16, .loss_scaling = scaling});
+    CHECK_FALSE(got.overlapped);  // the overflow check needs every gradient before any update
+    CHECK(got.skipped == std::vector<bool>{true, false, false, false});
+    CHECK(got.loss_scales == std::vector<float>{1024.0f, 1024.0f, 1024.0f, 1024.0f});
+    CHECK(got.steps_taken == 3);
+    CHECK_FALSE(std::isfinite(got.grad_norms[0]));
+    CHECK(std::isfinite(got.grad_norms[1]));
+    CHECK(got.parameters == expected.parameters);
+  };
+  for (const int ranks : {1, 2, 4}) {
+    check(std::type_identity<on_toy<default_plans::at<0>>>{}, ranks);  // replicated
+    check(std::type_identity<on_toy<default_plans::at<1>>>{}, ranks);  // shard_grads
+    check(std::type_identity<on_toy<default_plans::at<5>>>{}, ranks);  // cached<pinned_host>, sharded
+  }
+}
+
+TEST_CASE("a model whose tensors mix element types is refused with both names") {
+  auto model = toy::profile(toy::batch, dtype::bf16);
+  model.tensors[3].type = dtype::fp32;
+  thread_world world(1);
+  auto comm = world.comm(0);
+  CHECK_THROWS_WITH_AS((runtime<on_toy<default_plans::at<0>>, host_backend, thread_comm>(model, comm, toy::initialize)),
+                       doctest::Contains("every parameter of a run has one element type"), error);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace toy {
@@ -42,13 +43,15 @@ inline void make_batch(std::uint64_t step, std::vector<float>& x, std::vector<fl
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = noise(2000 + step, i);
 }
 
-/// The profile as one rank runs it on `rows` rows per forward and backward: a dry run against the tracer.
-inline chunkwise::model_profile profile(std::size_t rows) {
+/// The profile as one rank runs it on `rows` rows per forward and backward, with parameters of `type`: a dry run
+/// against the tracer.
+inline chunkwise::model_profile profile(std::size_t rows, chunkwise::dtype type = chunkwise::dtype::fp32) {
   using namespace chunkwise;
   tracer trace("toy-chain");
   std::vector<tensor_handle> tensors;
   for (std::uint32_t t = 0; t < 2 * layers; ++t)
-    tensors.push_back(trace.register_tensor((t % 2 == 0 ? "w" : "b") + std::to_string(t / 2), elements(t)));
+    tensors.push_back(
+        trace.register_tensor((t % 2 == 0 ? "w" : "b") + std::to_string(t / 2), elements(t), {.type = type}));
   std::vector<activation_handle> kept(layers);
   const auto pass = [&](std::size_t l, pass_kind kind) {
     trace.begin_pass("layer" + std::to_string(l), kind);
@@ -117,6 +120,15 @@ struct reference_options {
   float (*lr)(std::uint64_t) = nullptr;
   float clip_norm = 0.0f;
   chunkwise::optim::adam_config adam = chunkwise::optim::adamw_config();
+  /// bf16 / fp16: the model computes with working copies rounded from fp32 master weights and its gradients are
+  /// rounded to this type (once per step: each tensor is in one backward pass).
+  chunkwise::dtype type = chunkwise::dtype::fp32;
+  float loss_scale = 1.0f;    // the loss is multiplied by it; the update divides it out
+  std::size_t skipped = 0;    // the first steps change nothing (overflowed under loss scaling) and are not counted:
+                              // the next one is Adam's step 1 at the schedule's step 1
+  /// 16-bit types: the batch is cut over this many ranks as the runtime's data parallelism cuts it; each rank's
+  /// gradient is rounded, and their average is summed in fp32 in rank order and rounded once (comm/detail/reduce.hpp).
+  std::size_t ranks = 1;
 };
 
 struct reference_result {
@@ -127,10 +139,32 @@ struct reference_result {
 /// The reference: whole batches on plain vectors, one thread, the same Adam kernel per tensor; clipping as
 /// torch.nn.utils.clip_grad_norm_ (factor clip / (norm + 1e-6) when below 1).
 inline reference_result train_plain(const reference_options& o) {
-  std::vector<std::vector<float>> p(2 * layers), g(p.size()), m(p.size()), v(p.size());
+  using namespace chunkwise;
+  std::vector<std::vector<float>> p(2 * layers), g(p.size()), m(p.size()), v(p.size()), w(p.size());
+  std::vector<std::vector<std::uint16_t>> working16(p.size()), grad16(p.size());
+  const bool mixed = o.type != dtype::fp32;
   for (std::uint32_t t = 0; t < p.size(); ++t) {
     p[t] = g[t] = m[t] = v[t] = std::vector<float>(elements(t), 0.0f);
     initialize(t, p[t]);
+    working16[t] = grad16[t] = std::vector<std::uint16_t>(elements(t), 0);
+  }
+  // The values the model computes with, and 16-bit copies to and from the float arrays.
+  const auto round_into = [&](const std::vector<float>& from, std::vector<std::uint16_t>& to) {
+    visit_element(o.type, "toy", [&]<class T>(T) {
+      if constexpr (!std::is_same_v<T, float>)
+        for (std::size_t i = 0; i < from.size(); ++i) to[i] = from_float<T>(from[i]).bits;
+    });
+  };
+  const auto widen = [&](const std::vector<std::uint16_t>& from, std::vector<float>& to) {
+    visit_element(o.type, "toy", [&]<class T>(T) {
+      if constexpr (!std::is_same_v<T, float>)
+        for (std::size_t i = 0; i < from.size(); ++i) to[i] = to_float(T{from[i]});
+    });
+  };
+  for (std::uint32_t t = 0; t < p.size() && mixed; ++t) {
+    round_into(p[t], working16[t]);
+    w[t].resize(p[t].size());
+    widen(working16[t], w[t]);
   }
   chunkwise::optim::cpu_adam adam(o.adam);
   reference_result result;
@@ -138,8 +172,31 @@ inline reference_result train_plain(const reference_options& o) {
   for (std::uint64_t step = 1; step <= o.steps; ++step) {
     make_batch(step, x, y);
     for (auto& gradient : g) std::fill(gradient.begin(), gradient.end(), 0.0f);
-    forward_backward(x.data(), y.data(), batch, 1.0f / batch, [](std::size_t) { return 0; },
-                     [&](std::size_t t) { return p[t].data(); }, [&](std::size_t t) { return g[t].data(); });
+    if (!mixed) {
+      forward_backward(x.data(), y.data(), batch, o.loss_scale / batch, [](std::size_t) { return 0; },
+                       [&](std::size_t t) { return p[t].data(); }, [&](std::size_t t) { return g[t].data(); });
+    } else {
+      const std::size_t rows = batch / o.ranks;
+      std::vector<std::vector<float>> share(p.size()), rounded(p.size());
+      for (std::size_t r = 0; r < o.ranks; ++r) {
+        for (std::size_t t = 0; t < p.size(); ++t) share[t].assign(p[t].size(), 0.0f);
+        forward_backward(x.data() + r * rows * widths[0], y.data() + r * rows * outputs, rows,
+                         o.loss_scale / static_cast<float>(rows), [](std::size_t) { return 0; },
+                         [&](std::size_t t) { return w[t].data(); }, [&](std::size_t t) { return share[t].data(); });
+        for (std::size_t t = 0; t < p.size(); ++t) {
+          rounded[t].resize(p[t].size());
+          round_into(share[t], grad16[t]);
+          widen(grad16[t], rounded[t]);
+          for (std::size_t i = 0; i < p[t].size(); ++i) g[t][i] += rounded[t][i];
+        }
+      }
+      for (std::size_t t = 0; t < p.size(); ++t) {
+        for (auto& e : g[t]) e /= static_cast<float>(o.ranks);
+        round_into(g[t], grad16[t]);
+        widen(grad16[t], g[t]);
+      }
+    }
+    if (step <= o.skipped) continue;
     double squares = 0.0;
     for (const auto& gradient : g)
       for (const float e : gradient) squares += static_cast<double>(e) * e;
@@ -147,11 +204,20 @@ inline reference_result train_plain(const reference_options& o) {
     result.grad_norms.push_back(norm);
     float scale = 1.0f;
     if (o.clip_norm > 0.0f && o.clip_norm / (norm + 1e-6) < 1.0) scale = static_cast<float>(o.clip_norm / (norm + 1e-6));
-    for (std::size_t t = 0; t < p.size(); ++t)
-      adam.step({.master = p[t].data(), .grad = g[t].data(), .moment1 = m[t].data(), .moment2 = v[t].data(),
-                 .count = p[t].size()},
-                {.lr = o.lr(step), .step = step, .grad_scale = scale});
+    for (std::size_t t = 0; t < p.size(); ++t) {
+      if (mixed)
+        adam.step({.master = p[t].data(), .grad = grad16[t].data(), .grad_type = o.type, .moment1 = m[t].data(),
+                   .moment2 = v[t].data(), .working = working16[t].data(), .working_type = o.type,
+                   .count = p[t].size()},
+                  {.lr = o.lr(step - o.skipped), .step = step - o.skipped, .grad_scale = scale / o.loss_scale});
+      else
+        adam.step({.master = p[t].data(), .grad = g[t].data(), .moment1 = m[t].data(), .moment2 = v[t].data(),
+                   .count = p[t].size()},
+                  {.lr = o.lr(step), .step = step, .grad_scale = scale});
+      if (mixed) widen(working16[t], w[t]);
+    }
   }
+  if (mixed) p = w;  // what the runtime's read_parameters gives: the working copies
   result.parameters = std::move(p);
   return result;
 }

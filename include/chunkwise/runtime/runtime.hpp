@@ -298,7 +298,7 @@ class runtime {
       if (!prefetch) full = gradients_.device_buffer(b.full_elements, reduced_sink());
       else {
         try {
-          full = detail::tier_buffer(device_, b.full_elements);
+          full = detail::tier_buffer(device_, b.full_elements, type_);
         } catch (const error& e) {
           if (e.code() == error_code::out_of_memory) return;
           throw;
