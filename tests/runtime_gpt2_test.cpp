@@ -61,6 +61,7 @@ struct run_options {
   int micro_batches = 0;  // > 0: explicit gradient hand-over after this many accumulated forward+backward passes
   std::size_t* chunks = nullptr;    // rank 0's chunk count and streamed chunks
   std::size_t* streamed = nullptr;
+  dtype type = dtype::fp32;  // the chunks' parameters and gradients (bf16: fp32 master weights and moments)
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
@@ -68,7 +69,8 @@ struct run_options {
 template <class Plan>
 std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, const run_options& run = {}) {
   const auto config = tiny(1);
-  const auto model = gpt2_profile(gpt2::profile_config(config));
+  auto model = gpt2_profile(gpt2::profile_config(config));
+  for (auto& tensor : model.tensors) tensor.type = run.type;
   const int micro = std::max(run.micro_batches, 1);
   gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train, static_cast<std::size_t>(ranks * micro),
                            config.context, seed);
@@ -99,6 +101,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
             gpt2::initializer(config, seed),
             options);
         gpt2::activations<float> acts(config);
+        fp32_compute compute(rt);
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
         if (!run.save_to.empty() && run.save_after == 0) rt.save_checkpoint(run.save_to);  // resave what was loaded
         const std::size_t window = config.context;
@@ -108,7 +111,8 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
             const std::size_t at = static_cast<std::size_t>(r * micro + m) * window;
             for (std::size_t i = 0; i < model.passes.size(); ++i) {
               const auto in_use = rt.use(i);
-              gpt2::run_profile_pass(rt, model.passes[i], config, acts, tokens[static_cast<std::size_t>(s)].data() + at,
+              gpt2::run_profile_pass(compute, model.passes[i], config, acts,
+                                     tokens[static_cast<std::size_t>(s)].data() + at,
                                      targets[static_cast<std::size_t>(s)].data() + at);
             }
           }
@@ -456,17 +460,22 @@ TEST_CASE("too few device blocks for a pass's chunks is refused with the count t
                        doctest::Contains("streamed chunks at once; use at least"), error);
 }
 
-TEST_CASE_TEMPLATE("a streamed plan resumes from its checkpoint bit for bit", Plan, cached_pinned_plan, cached_nvme_plan) {
+TEST_CASE_TEMPLATE("a streamed plan resumes from its checkpoint bit for bit, in fp32 and in bf16", Plan, cached_pinned_plan,
+                   cached_nvme_plan) {
   const auto nvme = scratch_directory("chunkwise_stream_ckpt_nvme_");
   const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_stream_ckpt_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  const auto straight =
-      train<Plan>(2, {.steps = 4, .save_to = dir.string(), .save_after = 2, .device_blocks = 3, .nvme_directory = nvme})
-          .first;
-  const auto resumed =
-      train<Plan>(2, {.steps = 2, .load_from = dir.string(), .skip_batches = 2, .device_blocks = 3, .nvme_directory = nvme})
-          .first;
-  for (std::size_t t = 0; t < straight.size(); ++t) CHECK(straight[t] == resumed[t]);
+  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+    CAPTURE(to_string(type));
+    std::filesystem::remove_all(dir);
+    const auto straight = train<Plan>(2, {.steps = 4, .save_to = dir.string(), .save_after = 2, .device_blocks = 3,
+                                          .nvme_directory = nvme, .type = type})
+                              .first;
+    // bf16: the checkpoint holds the fp32 master weights; the working copy is rounded from them again on load.
+    const auto resumed = train<Plan>(2, {.steps = 2, .load_from = dir.string(), .skip_batches = 2, .device_blocks = 3,
+                                         .nvme_directory = nvme, .type = type})
+                             .first;
+    for (std::size_t t = 0; t < straight.size(); ++t) CHECK(straight[t] == resumed[t]);
+  }
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(nvme);
 }

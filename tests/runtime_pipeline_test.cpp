@@ -9,6 +9,7 @@
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/plan/default_plans.hpp>
+#include <chunkwise/runtime/fp32_compute.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -59,44 +60,8 @@ struct toy_result {
   std::uint64_t steps_taken = 0;
 };
 
-// The toy computes in fp32: with 16-bit parameters it reads fp32 copies of a pass's working parameters and adds its
-// fp32 gradients into the 16-bit accumulators (rounded) when the pass ends, before the runtime releases it.
-template <class Runtime>
-struct precision_bridge {
-  Runtime& rt;
-  std::vector<std::vector<float>> params, grads;
-  std::vector<std::uint32_t> written;  // tensors whose gradients the current pass wrote
-
-  float* param(std::uint32_t t) {
-    return visit_element(rt.element_type(), "toy", [&]<class T>(T) -> float* {
-      if constexpr (std::is_same_v<T, float>) return rt.parameter(t).data();
-      else {
-        const auto working = rt.template parameter<T>(t);
-        params[t].resize(working.size());
-        for (std::size_t i = 0; i < working.size(); ++i) params[t][i] = to_float(working[i]);
-        return params[t].data();
-      }
-    });
-  }
-  float* grad(std::uint32_t t) {
-    if (rt.element_type() == dtype::fp32) return rt.gradient(t).data();
-    grads[t].assign(rt.layout().locations.size() > t ? toy::elements(t) : 0, 0.0f);
-    written.push_back(t);
-    return grads[t].data();
-  }
-  void flush() {
-    visit_element(rt.element_type(), "toy", [&]<class T>(T) {
-      if constexpr (!std::is_same_v<T, float>)
-        for (const auto t : written) {
-          const auto accumulator = rt.template gradient<T>(t);
-          for (std::size_t i = 0; i < accumulator.size(); ++i)
-            accumulator[i] = from_float<T>(to_float(accumulator[i]) + grads[t][i]);
-        }
-    });
-    written.clear();
-  }
-};
-// A pass in use: its gradients are flushed before the guard releases it.
+// A pass in use: its fp32 gradients go into the 16-bit accumulators (runtime/fp32_compute.hpp) before the guard
+// releases it.
 template <class Guard, class Bridge>
 struct flushing_use {
   Bridge& bridge;
@@ -134,21 +99,20 @@ toy_result train(const toy_run& run) {
         o.loss_scaling = run.loss_scaling;
         using runtime_type = runtime<Plan, host_backend, thread_comm>;
         runtime_type rt(model, comm, toy::initialize, o);
-        precision_bridge<runtime_type> bridge{rt, std::vector<std::vector<float>>(model.tensors.size()),
-                                              std::vector<std::vector<float>>(model.tensors.size()), {}};
+        fp32_compute<runtime_type> bridge(rt);
         std::vector<float> x, y;
         for (std::uint64_t step = 1; step <= run.steps; ++step) {
           toy::make_batch(step, x, y);
           const auto use = [&](std::size_t pass) {
             return flushing_use<typename runtime_type::pass_guard, decltype(bridge)>{bridge, rt.use(pass)};
           };
-          const auto param = [&](std::size_t t) { return bridge.param(static_cast<std::uint32_t>(t)); };
-          const auto grad = [&](std::size_t t) { return bridge.grad(static_cast<std::uint32_t>(t)); };
+          const auto param = [&](std::size_t t) { return bridge.parameter(static_cast<std::uint32_t>(t)); };
+          const auto grad = [&](std::size_t t) { return bridge.gradient(static_cast<std::uint32_t>(t)); };
           if (run.evaluate_between) toy::forward(x.data(), rows, use, param);
           for (std::uint32_t m = 0; m < run.micro_batches; ++m) {
             const std::size_t first = (static_cast<std::size_t>(r) * run.micro_batches + m) * rows;
             toy::forward_backward(x.data() + first * toy::widths[0], y.data() + first * toy::outputs, rows,
-                                  rt.loss_scale() / static_cast<float>(rows * run.micro_batches), use, param, grad);
+                                  1.0f / static_cast<float>(rows * run.micro_batches), use, param, grad);
           }
           const std::uint64_t before_step = asked.load();
           if (run.overlap) rt.step();

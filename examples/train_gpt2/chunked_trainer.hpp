@@ -7,12 +7,14 @@
 #include <chunkwise/plan/optimizer_execution.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/tracer.hpp>
+#include <chunkwise/runtime/fp32_compute.hpp>
 
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -47,12 +49,13 @@ using trainable_plans = chunkwise::plan_set<
 
 /// The model profile from a dry run of the training loop against the tracer: the same registrations and pass order
 /// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.
-inline chunkwise::model_profile trace_profile(const model_config& config) {
+/// `type`: the chunks' parameters and gradients (bf16/fp16: mixed precision, fp32 master weights and Adam states).
+inline chunkwise::model_profile trace_profile(const model_config& config, chunkwise::dtype type = chunkwise::dtype::fp32) {
   using namespace chunkwise;
   tracer trace("gpt2-example");
   std::vector<tensor_handle> handles;
   for (const auto& tensor : parameter_tensors(config))
-    handles.push_back(trace.register_tensor(tensor.name, tensor.elements, {dtype::fp32, tensor_role::parameter,
+    handles.push_back(trace.register_tensor(tensor.name, tensor.elements, {type, tensor_role::parameter,
                                                                            tensor.name == "wte"}));
   const std::uint64_t B = config.batch, T = config.context, C = config.channels, V = config.vocab, H = config.heads;
   const byte_count f = sizeof(float);
@@ -151,12 +154,20 @@ inline std::function<void(std::uint32_t, std::span<float>)> initializer(const mo
   };
 }
 
-/// One profiled pass (embed, h.<l> or head; forward or backward) on the runtime's chunk memory.
+/// One profiled pass (embed, h.<l> or head; forward or backward) on the runtime's chunk memory, computed in fp32
+/// (through fp32 copies when the chunks hold bf16 or fp16; the gradients go into the chunks before it returns).
 template <class Runtime>
-float run_profile_pass(Runtime& rt, const chunkwise::profile_pass& pass, const model_config& config,
-                       activations<float>& acts, const int* tokens, const int* targets) {
-  const auto p = [&](std::size_t t) { return rt.parameter(static_cast<std::uint32_t>(t)).data(); };
-  const auto g = [&](std::size_t t) { return rt.gradient(static_cast<std::uint32_t>(t)).data(); };
+float run_profile_pass(chunkwise::fp32_compute<Runtime>& compute, const chunkwise::profile_pass& pass,
+                       const model_config& config, activations<float>& acts, const int* tokens, const int* targets) {
+  const auto p = [&](std::size_t t) { return compute.parameter(static_cast<std::uint32_t>(t)); };
+  const auto g = [&](std::size_t t) { return compute.gradient(static_cast<std::uint32_t>(t)); };
+  struct flush_at_return {  // not while an exception unwinds: a failed pass's gradients are incomplete
+    chunkwise::fp32_compute<Runtime>& compute;
+    int unwinding = std::uncaught_exceptions();
+    ~flush_at_return() noexcept(false) {
+      if (std::uncaught_exceptions() == unwinding) compute.flush();
+    }
+  } flush{compute};
   const std::string label(pass.label.view());
   const bool forward = pass.kind == chunkwise::pass_kind::forward;
   const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);

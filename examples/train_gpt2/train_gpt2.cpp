@@ -10,6 +10,9 @@
 //   --warmup N (0: steps of linear warm-up)  --lr-final-frac F (1: constant after warm-up; below 1: cosine decay to
 //   F * lr at the last step, as llm.c's -q)  --clip X (0: off; llm.c and nanoGPT use 1.0: the global gradient norm
 //   is clipped to X, which makes each step's updates wait for the norm instead of overlapping backward)
+//   --dtype fp32|bf16|fp16 (fp32: parameters and gradients in the chunks; bf16/fp16 store them in 16 bits, half the
+//   bytes moved and cached, with fp32 master weights and Adam states; fp16 adds dynamic loss scaling, skipping steps
+//   whose gradients overflow; the loops compute in fp32 either way)
 //   --device-budget BYTES (32MiB per rank; 0: this machine's measured memory, a quarter of what is available)
 //   --layers N (8) --channels N (256) --heads N (4) --context N (64) --batch N (2, per rank)  --data FILE
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
@@ -65,6 +68,7 @@ struct options {
   std::size_t warmup = 0;
   float lr_final_fraction = 1.0f;
   float clip = 0.0f;
+  dtype type = dtype::fp32;
   std::uint64_t seed = 1337;
   std::string data = gpt2::default_data_file;
   std::string measure_cache;
@@ -106,6 +110,11 @@ options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = parse_count(value(), flag);
     else if (flag == "--lr-final-frac") o.lr_final_fraction = std::stof(value());
     else if (flag == "--clip") o.clip = std::stof(value());
+    else if (flag == "--dtype") {
+      const std::string name = value();
+      if (!parse_dtype(name, o.type) || (o.type != dtype::fp32 && o.type != dtype::bf16 && o.type != dtype::fp16))
+        throw_error(error_code::invalid_argument, "--dtype '" + name + "': use fp32, bf16 or fp16");
+    }
     else if (flag == "--seed") o.seed = count_flag(flag, value());
     else if (flag == "--layers") o.model.layers = count_flag(flag, value());
     else if (flag == "--channels") o.model.channels = count_flag(flag, value());
@@ -283,10 +292,13 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         // clipping, which needs every gradient's norm first).
         runtime_settings.learning_rate = schedule(o);
         runtime_settings.clip_norm = o.clip;
+        // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
+        if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
         runtime<Plan, host_backend, thread_comm> rt(
             model, comm,
             gpt2::initializer(config, o.seed),
             runtime_settings);
+        fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
         gpt2::activations<float> acts(config);
         std::size_t first_step = 1;
         if (o.resume) {
@@ -309,7 +321,8 @@ void train(const options& o, const model_profile& model, const machine_profile& 
             if (!backward && model.passes[s].kind == pass_kind::backward) break;
             const auto in_use = rt.use(s);  // acquire now, release at the end of this loop iteration
             const float pass_loss =
-                gpt2::run_profile_pass(rt, model.passes[s], config, acts, tokens.data() + first, targets.data() + first);
+                gpt2::run_profile_pass(compute, model.passes[s], config, acts, tokens.data() + first,
+                                       targets.data() + first);
             if (model.passes[s].label.view() == "head" && model.passes[s].kind == pass_kind::forward) loss = pass_loss;
           }
           return loss;
@@ -333,9 +346,12 @@ void train(const options& o, const model_profile& model, const machine_profile& 
                 static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
             if (step == first_step) first_loss = loss;
             last_loss = loss;
+            std::string extra;
+            if (o.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
+            if (o.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
+            if (rt.last_step_skipped()) extra += "  (skipped: gradients overflowed fp16)";
             std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step,
-                        o.steps, loss, static_cast<double>(schedule(o)(step)),
-                        o.clip > 0.0f ? ("  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6)).c_str() : "",
+                        o.steps, loss, static_cast<double>(schedule(o)(rt.steps() > 0 ? rt.steps() : 1)), extra.c_str(),
                         step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
             std::fflush(stdout);
           }
@@ -424,8 +440,9 @@ int main(int argc, char** argv) {
 #endif
     }
     const model_profile model = [&] {
-      model_profile traced = gpt2::trace_profile(o.model);
-      traced.updates_overlap_backward = o.clip == 0.0f;  // the runtime gets a schedule; clipping defers the updates
+      model_profile traced = gpt2::trace_profile(o.model, o.type);
+      // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
+      traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
       return traced;
     }();
     std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "

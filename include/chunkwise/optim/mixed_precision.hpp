@@ -32,6 +32,31 @@ struct step_report {
   std::uint64_t step = 0;   // optimizer steps taken so far (a skipped step does not count)
 };
 
+/// One step's gradient factor from the global sum of squares of the gradients as stored (loss-scaled): the unscaled
+/// norm, whether the step must be skipped (not finite), torch.nn.utils.clip_grad_norm_'s coefficient
+/// (max_norm / (norm + 1e-6), never above 1; 1 when max_grad_norm is 0) and what every gradient element is multiplied
+/// by (clip coefficient / loss scale). The one place these rules live: mixed_precision_step and the runtime's
+/// optimizer stage both use it.
+struct step_scaling {
+  bool skipped = false;
+  double grad_norm = 0.0;
+  float clip_coefficient = 1.0f;
+  float grad_scale = 1.0f;
+};
+inline step_scaling scale_step(double sum_of_squares, float loss_scale, float max_grad_norm) {
+  step_scaling s;
+  s.grad_norm = std::sqrt(sum_of_squares) / static_cast<double>(loss_scale);
+  if (!std::isfinite(s.grad_norm)) {
+    s.skipped = true;
+    return s;
+  }
+  if (max_grad_norm > 0.0f)
+    s.clip_coefficient =
+        static_cast<float>(std::min(static_cast<double>(max_grad_norm) / (s.grad_norm + 1e-6), 1.0));
+  s.grad_scale = static_cast<float>(static_cast<double>(s.clip_coefficient) / static_cast<double>(loss_scale));
+  return s;
+}
+
 /// Drives a chunk_optimizer through mixed-precision steps. `Reduce` sums the squared norm across ranks (the
 /// communicator's all-reduce of one double); the NaN/inf of an overflow on any rank reaches every rank through it,
 /// so all ranks skip together.
@@ -62,24 +87,21 @@ class mixed_precision_step {
     step_report report;
     report.loss_scale = loss_scale();
     const bool clipping = options_.max_grad_norm > 0.0f;
+    float grad_scale = 1.0f / report.loss_scale;
     if (clipping || scaler_) {
       double sum_of_squares = optimizer_->grad_sum_of_squares(chunks);
       reduce_(sum_of_squares);
-      report.grad_norm = std::sqrt(sum_of_squares) / static_cast<double>(report.loss_scale);
-      if (!std::isfinite(report.grad_norm)) {
+      const step_scaling scaling = scale_step(sum_of_squares, report.loss_scale, options_.max_grad_norm);
+      report.grad_norm = scaling.grad_norm;
+      if (scaling.skipped) {
         if (scaler_) scaler_->update(true);
         report.skipped = true;
         report.step = steps_;
         return report;
       }
-      if (clipping) {
-        // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1.
-        const double coefficient = static_cast<double>(options_.max_grad_norm) / (report.grad_norm + 1e-6);
-        report.clip_coefficient = static_cast<float>(std::min(coefficient, 1.0));
-      }
+      report.clip_coefficient = scaling.clip_coefficient;
+      grad_scale = scaling.grad_scale;
     }
-    const float grad_scale =
-        static_cast<float>(static_cast<double>(report.clip_coefficient) / static_cast<double>(report.loss_scale));
     optimizer_->step(chunks, step_args{lr, steps_ + 1, grad_scale});
     ++steps_;
     if (scaler_) scaler_->update(false);

@@ -24,6 +24,7 @@
 #include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/optim/loss_scaler.hpp>
+#include <chunkwise/optim/mixed_precision.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
 #include <chunkwise/runtime/home_view.hpp>
 
@@ -152,23 +153,21 @@ class optimizer_stage {
   // What every gradient is multiplied by at this step: 1 / loss scale, times the clipping factor; empty when the
   // gradients overflowed under loss scaling (the step is skipped).
   std::optional<float> gradient_scale() {
-    const double loss_scale = this->loss_scale();
     if (settings_.clip_norm == 0.0f && !scaler_) return 1.0f;
-    last_norm_ = global_norm() / loss_scale;
-    if (!std::isfinite(last_norm_)) {
+    const auto scaling = optim::scale_step(global_sum_of_squares(), loss_scale(), settings_.clip_norm);
+    last_norm_ = scaling.grad_norm;
+    if (scaling.skipped) {
       if (scaler_) return std::nullopt;
       detail::raise(error_code::illegal_state, "runtime: the global gradient norm is " + std::to_string(last_norm_) +
                                                    "; the gradients hold inf or NaN (fp16 runs: set "
                                                    "runtime_options::loss_scaling to skip such steps)");
     }
-    double factor = 1.0;
-    if (settings_.clip_norm > 0.0f) factor = std::min(1.0, static_cast<double>(settings_.clip_norm) / (last_norm_ + 1e-6));
-    return static_cast<float>(factor / loss_scale);
+    return scaling.grad_scale;
   }
 
-  // The global L2 norm of the owned gradients (as stored, loss-scaled) of every rank: torch.nn.utils.clip_grad_norm_'s
-  // input. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
-  double global_norm() {
+  // The sum of squares of the owned gradients (as stored, loss-scaled) of every rank: the square of
+  // torch.nn.utils.clip_grad_norm_'s norm. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
+  double global_sum_of_squares() {
     std::vector<optim::chunk_arrays> owned;
     for (auto& b : *chunks_)
       owned.push_back({nullptr, b.owned_gradient.template data<std::byte>(), homes_->type(), nullptr, nullptr,
@@ -183,7 +182,7 @@ class optimizer_stage {
       for (const double s : all) total += s;
       total /= static_cast<double>(ops_->ranks() / ops_->shard_ranks());  // each group holds the whole gradient
     }
-    return std::sqrt(total);
+    return total;
   }
 
   optimizer_settings settings_;
