@@ -2,7 +2,7 @@
 // every plan of the default set (placement, collective and optimizer execution, with a layout that cuts the toy into
 // several chunks) at 1, 2 and 4 thread ranks, with updates at step() and with updates overlapping backward;
 // clipping by the global norm across ranks; micro-batch accumulation; a run that departs from the profiled order;
-// the bytes the collectives move, against hand counts; bf16 and fp16 parameters (fp32 master weights) against a
+// the bytes the collectives move, against hand counts; the NVMe update pipeline; bf16 and fp16 parameters (fp32 master weights) against a
 // reference computed in the same precision, and fp16 loss scaling that skips an overflowed step.
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/collective/hybrid.hpp>
@@ -10,13 +10,16 @@
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/runtime/fp32_compute.hpp>
+#include <chunkwise/runtime/detail/nvme_update_pipeline.hpp>
 #include <chunkwise/runtime/runtime.hpp>
+#include <chunkwise/testing/nvme_faults.hpp>
 
 #include <doctest/doctest.h>
 
 #include "runtime/toy_model.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -367,4 +370,64 @@ TEST_CASE("a model whose tensors mix element types is refused with both names") 
   auto comm = world.comm(0);
   CHECK_THROWS_WITH_AS((runtime<on_toy<default_plans::at<0>>, host_backend, thread_comm>(model, comm, toy::initialize)),
                        doctest::Contains("every parameter of a run has one element type"), error);
+}
+
+TEST_CASE("NVMe updates read the next chunk ahead and write the last one back behind, losing nothing") {
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-pipeline-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr std::size_t chunks = 4, elements = 1024;
+  constexpr byte_count bytes = elements * sizeof(float);
+  auto faults = std::make_shared<testing::nvme_fault_injector>();
+  nvme_options store_options;
+  store_options.directory = dir;
+  store_options.block_bytes = bytes;
+  store_options.capacity = 3 * chunks * bytes;
+  store_options.faults = faults;
+  {
+    nvme_tier store(store_options);
+    pinned_host_tier pinned(64 * MiB);
+    std::vector<detail::nvme_chunk_state> states;
+    std::vector<float> values(elements);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
+                                 elements, elements, 0};
+      std::fill(values.begin(), values.end(), static_cast<float>(c));
+      detail::tier_buffer staging(pinned, elements);
+      std::copy(values.begin(), values.end(), staging.data());
+      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
+      states.push_back(h);
+    }
+    detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
+    REQUIRE(pipeline.scratch_sets() == 3);
+    // Two steps of a deferred loop: chunk c + 1 is prepared while c updates (master += 1, moment1 += c).
+    for (int step = 0; step < 2; ++step) {
+      pipeline.prepare(0);
+      for (std::uint32_t c = 0; c < chunks; ++c) {
+        if (c + 1 < chunks) pipeline.prepare(c + 1);
+        auto done = std::make_shared<completion>();
+        pipeline.update(c, [&](const home_view& v) {
+          for (auto& x : v.master) x += 1.0f;
+          for (auto& x : v.moment1) x += static_cast<float>(c);
+        }, done);
+      }
+      pipeline.drain();
+    }
+    CHECK(pipeline.stats().updates == 2 * chunks);
+    CHECK(pipeline.stats().read_ahead == 2 * chunks);  // every update found its blocks read ahead
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      pipeline.visit(c, false, [&](const home_view& v) {
+        CHECK(v.master[elements - 1] == static_cast<float>(c) + 2.0f);
+        CHECK(v.moment1[0] == static_cast<float>(3 * c));
+        CHECK(v.moment2[0] == static_cast<float>(c));
+      });
+    // A write-back that fails reaches its completion and drain(); the store then refuses the block instead of
+    // returning mixed bytes.
+    faults->add({.fault = testing::nvme_fault::fail(EIO), .op = testing::nvme_op::write, .block = states[2].moment1.slot});
+    auto done = std::make_shared<completion>();
+    pipeline.update(2, [](const home_view& v) { v.moment1[0] = -1.0f; }, done);
+    CHECK_THROWS_AS(done->wait(), error);
+    CHECK_THROWS_WITH_AS(pipeline.drain(), doctest::Contains("write"), error);
+    CHECK_THROWS_AS(pipeline.visit(2, false, [](const home_view&) {}), error);
+  }
+  std::filesystem::remove_all(dir);
 }

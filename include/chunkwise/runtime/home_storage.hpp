@@ -119,6 +119,29 @@ class home_storage {
     if (streamed(c)) return streamed_->update(local(c), std::forward<F>(f));
     f(resident_view(c));
   }
+  /// The optimizer's update of chunk c: f(home_view) on its home state, on any thread, one at a time; `done` (may be
+  /// null) completes once the new state is in the home (NVMe homes write it back behind the caller), or with the
+  /// failure. invalidate(c, done) first.
+  template <class F>
+  void update_async(std::uint32_t c, F&& f, std::shared_ptr<completion> done = nullptr) {
+    if (streamed(c)) return streamed_->update_async(local(c), std::forward<F>(f), std::move(done));
+    try {
+      f(resident_view(c));
+    } catch (...) {
+      if (done) done->complete(std::current_exception());
+      throw;
+    }
+    if (done) done->complete();
+  }
+  /// Chunk c is the next to update: NVMe homes start reading its state (any thread).
+  void prepare_update(std::uint32_t c) {
+    if (streamed(c)) streamed_->prepare_update(local(c));
+  }
+  /// Waits for every update's write-back in flight (before the homes are fetched or read again); rethrows the first
+  /// failure.
+  void drain_updates() {
+    if (streamed_) streamed_->drain_updates();
+  }
   /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
   void read(std::uint32_t c, F&& f) {
@@ -153,6 +176,9 @@ class home_storage {
     void release(std::uint32_t) {}
     void invalidate(std::uint32_t, std::shared_ptr<completion>) {}
     template <class F> void update(std::uint32_t, F&&) {}
+    template <class F> void update_async(std::uint32_t, F&&, std::shared_ptr<completion>) {}
+    void prepare_update(std::uint32_t) {}
+    void drain_updates() {}
     template <class F> void read(std::uint32_t, F&&) {}
     void prefetch_ahead() {}
     cache_stats stats() const { return {}; }

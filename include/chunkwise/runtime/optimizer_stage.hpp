@@ -88,18 +88,12 @@ class optimizer_stage {
   void reduced(record& b, std::uint64_t step) {
     if (!overlaps()) return;
     // The cache is driven from this thread; it fetches the chunk again (for the next step) only after the update.
+    // It completes `updated` once the new state is in the home (NVMe: written back).
     auto updated = std::make_shared<completion>();
     homes_->invalidate(b.index, updated);
+    homes_->prepare_update(b.index);  // NVMe homes: read its state while the update before it runs
     const optim::step_args args{.lr = settings_.schedule(step), .step = step};
-    b.update = worker_->submit(std::packaged_task<void()>([this, &b, args, updated] {
-      try {
-        update(b, args);
-        updated->complete();
-      } catch (...) {
-        updated->complete(std::current_exception());
-        throw;
-      }
-    }));
+    b.update = worker_->submit(std::packaged_task<void()>([this, &b, args, updated] { update(b, args, updated); }));
   }
 
   /// Ends step `step` once every chunk is reduced: the deferred updates (after the clipping norm), or the wait for
@@ -116,18 +110,24 @@ class optimizer_stage {
           if (!failure) failure = std::current_exception();
         }
       }
-      if (failure) std::rethrow_exception(failure);
+      if (failure) {
+        homes_->drain_updates();
+        std::rethrow_exception(failure);
+      }
     } else {
       const float rate = lr ? *lr : settings_.schedule(step);
       const auto scale = gradient_scale();
       skipped_ = !scale;
       if (scaler_) scaler_->update(skipped_);
       if (skipped_) return false;
-      for (auto& b : chunks) {
-        homes_->invalidate(b.index);
-        update(b, {.lr = rate, .step = step, .grad_scale = *scale});
+      if (!chunks.empty()) homes_->prepare_update(chunks.front().index);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        if (i + 1 < chunks.size()) homes_->prepare_update(chunks[i + 1].index);  // read ahead while this one updates
+        homes_->invalidate(chunks[i].index);
+        update(chunks[i], {.lr = rate, .step = step, .grad_scale = *scale}, nullptr);
       }
     }
+    homes_->drain_updates();  // every write-back is in the home before the next fetch or read
     if constexpr (Collective::shards_gradients && !Collective::shards_parameters)
       for (auto& b : chunks)
         homes_->update(b.index, [&](const home_view& home) {
@@ -141,13 +141,13 @@ class optimizer_stage {
   }
 
  private:
-  void update(record& b, const optim::step_args& args) {
-    homes_->update(b.index, [&](const home_view& home) {
+  void update(record& b, const optim::step_args& args, std::shared_ptr<completion> done) {
+    homes_->update_async(b.index, [&](const home_view& home) {
       const optim::chunk_arrays state{home.master.data(), b.owned_gradient.template data<std::byte>(), home.type,
                                       home.moment1.data(), home.moment2.data(), home.owned_working(), home.type,
                                       b.owned.valid};
       adam_.step(state, args);
-    });
+    }, std::move(done));
   }
 
   // What every gradient is multiplied by at this step: 1 / loss scale, times the clipping factor; empty when the

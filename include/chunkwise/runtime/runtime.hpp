@@ -6,12 +6,12 @@
 // iteration. This class only wires the parts the plan supplies and keeps each chunk's record (chunk_record.hpp):
 //   home_storage       where parameters and moments live between uses (resident, or streamed through the device
 //                      cache from pinned host, host or NVMe), fetched ahead along the profiled order;
+//   parameter_fetches  the home's device copy lent to the compute, gathered (ZeRO-3) passes ahead, dropped after;
 //   gradient_pipeline  gradient accumulators, hand-over, reductions overlapping compute;
 //   optimizer_stage    AdamW where the states live, each chunk's update beside the rest of backward when it can;
 //                      ZeRO-2's publication at step();
 //   checkpoint.hpp     sharded, atomic checkpoints with resharding.
-// Collectives that shard parameters (ZeRO-3, hybrid) gather each chunk prefetch_depth passes ahead of its use and
-// drop the gathered copy after forward. Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget
+// Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget
 // that cannot hold a plan fails at construction with the tier's numbers.
 //
 // Precision is the model's: fp32 tensors train in fp32; bf16 or fp16 tensors keep bf16/fp16 working parameters and
@@ -34,6 +34,8 @@
 #include <chunkwise/runtime/home_storage.hpp>
 #include <chunkwise/runtime/optimizer_stage.hpp>
 #include <chunkwise/runtime/options.hpp>
+#include <chunkwise/runtime/parameter_fetches.hpp>
+#include <chunkwise/runtime/pass_guard.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
 
 #include <algorithm>
@@ -54,6 +56,7 @@ class runtime {
   using record = chunk_record<Comm>;
   using device_tier = typename backend_parts<Backend>::device_tier;
   using homes_type = home_storage<placement, Backend>;
+  using gradients_type = gradient_pipeline<collective, Comm, device_tier>;
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
@@ -71,22 +74,11 @@ class runtime {
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
         gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches, type_),
+        fetches_(ops_, homes_, gradients_, device_, chunks_, pass_chunks_, options.prefetch_depth, type_),
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
                     options.loss_scaling},
-                   ops_, homes_, chunks_),
-        prefetch_depth_(options.prefetch_depth) {
-    std::vector<float> staging;
-    for (auto& b : chunks_) {
-      // The whole chunk in fp32, initialised tensor by tensor; this rank keeps its home part (master weights exact,
-      // a bf16/fp16 working copy rounded).
-      staging.assign(b.full_elements, 0.0f);
-      for (const auto& slot : map_.chunks[b.index].slots)
-        initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / element_bytes(),
-                                                 model_.tensors[slot.tensor].elements));
-      homes_.update(b.index, [&](const home_view& home) {
-        home.assign(std::span<const float>(staging.data() + b.home_first(), b.home_elements));
-      });
-    }
+                   ops_, homes_, chunks_) {
+    detail::initialize_homes(homes_, chunks_, map_, model_, initialize);
     start_iteration();
   }
   runtime(const runtime&) = delete;
@@ -109,12 +101,12 @@ class runtime {
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
     for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
-      if (b.life.state() == chunk_state::released) start_fetch(b, /*prefetch=*/false);
-      if (b.life.state() == chunk_state::fetching) finish_fetch(b);
+      if (b.life.state() == chunk_state::released) fetches_.start(b, /*prefetch=*/false, reduced_sink());
+      if (b.life.state() == chunk_state::fetching) fetches_.finish(b);
       if (backward) gradients_.backward_acquire(b, reduced_sink());
       b.life.acquire();
     }
-    prefetch(pass + 1, pass + 1 + prefetch_depth_);
+    fetches_.prefetch(pass + 1, reduced_sink());
   }
 
   void release(std::size_t pass) {
@@ -132,7 +124,7 @@ class runtime {
         // Unless the next pass uses it too, a streamed chunk gives its cache block back, and ZeRO-3 drops the
         // gathered copy after forward (backward gathers again) and after a micro-batch's last backward use.
         b.life.evict();
-        drop_parameters(b);
+        fetches_.drop(b);
       }
       if (gradients_.handed_over(b)) {
         b.life.handed_over();
@@ -153,24 +145,8 @@ class runtime {
     }
   }
 
-  /// Acquires a pass's chunks for the guard's lifetime: `auto in_use = rt.use(pass);`.
-  class pass_guard {
-   public:
-    pass_guard(const pass_guard&) = delete;
-    pass_guard& operator=(const pass_guard&) = delete;
-    /// Releases the pass, unless an exception is unwinding: a pass that failed midway has incomplete gradients,
-    /// and releasing it could start a reduction the other ranks never join.
-    ~pass_guard() noexcept(false) {
-      if (std::uncaught_exceptions() == unwinding_) owner_.release(pass_);
-    }
-
-   private:
-    friend class runtime;
-    pass_guard(runtime& owner, std::size_t pass) : owner_(owner), pass_(pass) {}
-    runtime& owner_;
-    std::size_t pass_;
-    int unwinding_ = std::uncaught_exceptions();
-  };
+  /// Acquires a pass's chunks for the guard's lifetime: `auto in_use = rt.use(pass);` (runtime/pass_guard.hpp).
+  using pass_guard = chunkwise::pass_guard<runtime>;
   [[nodiscard]] pass_guard use(std::size_t pass) {
     acquire(pass);
     return pass_guard(*this, pass);
@@ -225,23 +201,8 @@ class runtime {
   /// A copy of tensor t's current working parameters, as fp32 (what the trainer computes with). A collective call
   /// for plans that shard parameters: every rank calls it, for the same tensors in the same order.
   std::vector<float> read_parameters(std::uint32_t tensor) {
-    auto& b = chunks_[chunk_of(tensor)];
-    std::vector<float> result(model_.tensors[tensor].elements);
-    const std::size_t first = map_.locations[tensor].offset / element_bytes();
-    visit_element(type_, "runtime", [&]<class T>(T) {
-      std::vector<T> values;
-      homes_.read(b.index, [&](const home_view& home) {
-        const auto working = home.working_as<T>();
-        values.assign(working.begin(), working.end());
-      });
-      if constexpr (collective::shards_parameters) {
-        std::vector<T> gathered(b.full_elements);
-        ops_.template gather_params<T>(std::span<const T>(values), std::span<T>(gathered)).wait();
-        values = std::move(gathered);
-      }
-      for (std::size_t i = 0; i < result.size(); ++i) result[i] = to_float(values[first + i]);
-    });
-    return result;
+    return fetches_.read(chunks_[chunk_of(tensor)], map_.locations[tensor].offset / size_of(type_),
+                         model_.tensors[tensor].elements);
   }
 
   /// Saves the training state (runtime/checkpoint.hpp): a collective call between steps; if any rank fails, every
@@ -249,7 +210,7 @@ class runtime {
   void save_checkpoint(const std::filesystem::path& directory) { chunkwise::save_checkpoint(site(), directory); }
   /// Restores the committed checkpoint of `directory`, saved with any rank count and any plan of the same model.
   void load_checkpoint(const std::filesystem::path& directory) {
-    settle_fetches();
+    fetches_.settle();
     for (auto& b : chunks_) homes_.invalidate(b.index);
     steps_ = chunkwise::load_checkpoint(site(), directory);
     for (auto& b : chunks_) b.life = chunk_life(b.index, initial_state(b.index));
@@ -257,7 +218,7 @@ class runtime {
   }
 
   [[nodiscard]] runtime_traffic traffic() const {
-    return {gathered_bytes_, gradients_.bytes_reduced(), optimizer_.bytes_published(), cache_stats().bytes_home_to_device};
+    return {fetches_.gathered_bytes(), gradients_.bytes_reduced(), optimizer_.bytes_published(), cache_stats().bytes_home_to_device};
   }
   /// The device cache of streamed chunks: hits, misses, prefetches, bytes moved, time acquire stalled (all zero when
   /// every chunk is resident).
@@ -288,79 +249,12 @@ class runtime {
   }
 
  private:
-  // ---- the chunk journey ----
-
-  // released -> fetching: the home's device copy (the home itself, or a cache block), gathered into the full chunk
-  // when the collective shards parameters. A prefetch skips a chunk the device tier has no room for now.
-  void start_fetch(record& b, bool prefetch) {
-    if constexpr (collective::shards_parameters) {
-      detail::tier_buffer full;
-      if (!prefetch) full = gradients_.device_buffer(b.full_elements, reduced_sink());
-      else {
-        try {
-          full = detail::tier_buffer(device_, b.full_elements, type_);
-        } catch (const error& e) {
-          if (e.code() == error_code::out_of_memory) return;
-          throw;
-        }
-      }
-      b.life.start_fetch();
-      const std::byte* home = lend_home(b);
-      b.full = std::move(full);
-      visit_element(type_, "runtime", [&]<class T>(T) {
-        b.fetch = ops_.template gather_params<T>(std::span<const T>(reinterpret_cast<const T*>(home), b.home_elements),
-                                                 b.full.template span<T>());
-      });
-      gathered_bytes_ += (b.full_elements - b.home_elements) * element_bytes();
-      b.compute = b.full.template data<std::byte>();
-    } else {
-      b.life.start_fetch();
-      b.compute = lend_home(b);
-    }
-  }
-  // fetching -> ready: the gather arrived; the gathered copy is what the trainer reads, the home block goes back.
-  void finish_fetch(record& b) {
-    b.fetch.wait();
-    b.fetch = {};
-    if constexpr (collective::shards_parameters) return_home(b);
-    b.life.arrived();
-  }
-  // Gathers for the chunks of passes [first, last) ahead of their use (resident homes; a streamed home's block is
-  // taken at its acquire, so the cache's own prefetch along the order stays in charge of it).
-  void prefetch(std::size_t first, std::size_t last) {
-    if constexpr (collective::shards_parameters)
-      for (std::size_t p = first; p < std::min(last, model_.passes.size()); ++p)
-        for (const auto c : pass_chunks_[p])
-          if (chunks_[c].life.state() == chunk_state::released && !homes_.streamed(c))
-            start_fetch(chunks_[c], /*prefetch=*/true);
-  }
-  // Prefetched gathers complete and are dropped (before the homes change outside a step).
-  void settle_fetches() {
-    for (auto& b : chunks_)
-      if (b.life.state() == chunk_state::fetching) {
-        finish_fetch(b);
-        b.life.evict();
-        drop_parameters(b);
-      }
-  }
-  std::byte* lend_home(record& b) {
-    b.home_held = homes_.streamed(b.index);
-    return homes_.acquire(b.index);
-  }
-  void return_home(record& b) {
-    if (b.home_held) homes_.release(b.index);
-    b.home_held = false;
-  }
-  void drop_parameters(record& b) {
-    b.full = {};
-    return_home(b);
-    if (homes_.streamed(b.index) || collective::shards_parameters) b.compute = nullptr;
-  }
+  // ---- the step ----
 
   bool used_next(std::uint32_t c, std::size_t pass) const { return detail::pass_uses(pass_chunks_, pass + 1, c); }
   void start_reduction(record& b) {
     gradients_.start(b, reduced_sink());
-    drop_parameters(b);
+    fetches_.drop(b);
   }
   // Each reduced chunk goes to the optimizer stage at once (its update may start beside backward).
   auto reduced_sink() {
@@ -386,7 +280,7 @@ class runtime {
     for (auto& b : chunks_)
       if (initial_state(b.index) == chunk_state::ready) b.compute = homes_.acquire(b.index);
     homes_.prefetch_ahead();
-    prefetch(0, prefetch_depth_);
+    fetches_.prefetch(0, reduced_sink());
   }
   // Whole resident chunks are ready from the start (their home is on the device); the others are fetched.
   chunk_state initial_state(std::uint32_t c) const noexcept {
@@ -410,7 +304,6 @@ class runtime {
                                                       "; use parameter<T> / gradient<T> with the model's type");
     return {reinterpret_cast<T*>(chunk_base + map_.locations[tensor].offset), model_.tensors[tensor].elements};
   }
-  std::size_t element_bytes() const noexcept { return size_of(type_); }
   void check_pass(std::size_t pass, const char* call) const {
     if (pass >= model_.passes.size())
       detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": pass " + std::to_string(pass) +
@@ -436,11 +329,10 @@ class runtime {
   pinned_host_tier host_;
   std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
   homes_type homes_;                // after the records (its layout comes from them)
-  gradient_pipeline<collective, Comm, device_tier> gradients_;
+  gradients_type gradients_;
+  parameter_fetches<collective, Comm, homes_type, gradients_type, device_tier> fetches_;
   optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
-  std::size_t prefetch_depth_;
   std::uint64_t steps_ = 0;
-  byte_count gathered_bytes_ = 0;
 };
 
 }  // namespace chunkwise

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,24 @@ home_layout make_home_layout(const model_profile& model, const std::vector<std::
               " blocks, but pass '" + widest_label + "' needs " + std::to_string(widest) +
               " streamed chunks at once; use at least " + std::to_string(p.resident + widest) + " device blocks");
   return h;
+}
+
+/// Every chunk's initial home state: the whole chunk in fp32, initialised tensor by tensor; this rank keeps its home
+/// part (master weights exact, a bf16/fp16 working copy rounded).
+template <class Homes, class Record, class Initializer>
+void initialize_homes(Homes& homes, const std::vector<Record>& records, const chunk_map& map,
+                      const model_profile& model, const Initializer& initialize) {
+  const std::size_t element_bytes = size_of(compute_type(model));
+  std::vector<float> staging;
+  for (const auto& b : records) {
+    staging.assign(b.full_elements, 0.0f);
+    for (const auto& slot : map.chunks[b.index].slots)
+      initialize(slot.tensor, std::span<float>(staging.data() + slot.offset / element_bytes,
+                                               model.tensors[slot.tensor].elements));
+    homes.update(b.index, [&](const home_view& home) {
+      home.assign(std::span<const float>(staging.data() + b.home_first(), b.home_elements));
+    });
+  }
 }
 
 }  // namespace chunkwise::detail

@@ -5,16 +5,18 @@
 // `blocks` chunk-sized blocks, fed by the transfer engine, holds the working parameters of the chunks in use, fetched
 // ahead along the profiled order: in bf16/fp16 the cache moves half the bytes of fp32.
 //
-// The optimizer updates a streamed chunk where its states are (the home; for NVMe through pinned scratch buffers:
-// read, update, write back), which makes any cached copy stale: the caller invalidates it first (on the thread that
-// drives the cache) and may then run `update` on another thread, beside the next acquires; the next acquire of the
-// chunk fetches again (the cost model's cold cache). Updates of different chunks run one at a time (the NVMe
-// scratch buffers are shared). Chunks are indexed 0..count-1 here (the runtime maps its chunk ids).
+// The optimizer updates a streamed chunk where its states are (the home; for NVMe through pinned scratch copies,
+// pipelined: the next chunk's blocks are read and the last one's written back while one updates, see
+// nvme_update_pipeline.hpp), which makes any cached copy stale: the caller invalidates it first (on the thread that
+// drives the cache), handing over the completion its update will signal, and may then run `update_async` on another
+// thread, beside the next acquires; the next fetch of the chunk waits for that completion (the cost model's cold
+// cache). Updates run one at a time. Chunks are indexed 0..count-1 here (the runtime maps its chunk ids).
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/placement/device_cache.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
+#include <chunkwise/runtime/detail/nvme_update_pipeline.hpp>
 #include <chunkwise/runtime/home_view.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/host.hpp>
@@ -86,15 +88,22 @@ class streamed_homes {
       homes_.push_back(std::move(h));
     }
     if constexpr (on_nvme) {
-      scratch_param_ = tier_buffer(pinned, round_up(block_bytes_, nvme_tier::io_alignment), dtype::uint8);
-      for (auto* buffer : {&scratch_master_, &scratch_moment1_, &scratch_moment2_})
-        *buffer = tier_buffer(pinned, round_up(state_bytes_, nvme_tier::io_alignment), dtype::uint8);
-      // Every block written once (zeros; the runtime's first update fills the parameters): reads never meet an
-      // unwritten block.
-      for (auto& h : homes_) {
-        home_->write(h.param, scratch_param_.data<std::byte>(), block_bytes_);
-        for (auto* state : states_of(h)) home_->write(*state, scratch_master_.data<std::byte>(), state_bytes_);
+      {
+        // Every block written once (zeros; the runtime's first update fills the parameters): reads never meet an
+        // unwritten block.
+        const tier_buffer zeros(pinned, round_up(std::max(block_bytes_, state_bytes_), nvme_tier::io_alignment),
+                                dtype::uint8);
+        for (auto& h : homes_) {
+          home_->write(h.param, zeros.data<std::byte>(), block_bytes_);
+          for (auto* state : states_of(h)) home_->write(*state, zeros.data<std::byte>(), state_bytes_);
+        }
       }
+      std::vector<nvme_chunk_state> states;
+      for (std::size_t c = 0; c < settings_.chunks; ++c)
+        states.push_back({homes_[c].param, homes_[c].master, homes_[c].moment1, homes_[c].moment2,
+                          settings_.param_elements[c], settings_.state_elements[c], settings_.owned_offset[c]});
+      pipeline_ = std::make_unique<nvme_update_pipeline>(*home_, pinned, std::move(states), settings_.type,
+                                                         block_bytes_, state_bytes_);
     }
     cache_.emplace(*engine_, device, std::move(params), settings_.order,
                    cache_options{.blocks = settings_.blocks, .chunk_bytes = block_bytes_,
@@ -105,6 +114,7 @@ class streamed_homes {
   ~streamed_homes() {
     cache_.reset();   // waits for its moves before the homes go
     engine_.reset();
+    pipeline_.reset();
     if constexpr (on_nvme)
       for (auto& h : homes_) {
         home_->deallocate_sync(h.param);
@@ -123,11 +133,35 @@ class streamed_homes {
     cache_->invalidate(c, changed ? engine_type::transfer_type::after_completion(std::move(changed))
                                   : typename engine_type::transfer_type{});
   }
-  /// Calls f(home_view) on chunk c's home state, which f may change; invalidate(c) first. May run on another thread
-  /// than acquire and release; one update at a time.
+  /// Calls f(home_view) on chunk c's home state, which f may change, and writes it back at once; invalidate(c) first.
+  /// Between steps (initialisation, checkpoints, publication).
   template <class F>
   void update(std::uint32_t c, F&& f) {
     visit(c, /*write=*/true, std::forward<F>(f));
+  }
+  /// The optimizer's update of chunk c: f(home_view) on its state, on any thread, one at a time; `done` (may be
+  /// null) completes once the new state is in the home (NVMe: written back behind the caller), or with the failure.
+  template <class F>
+  void update_async(std::uint32_t c, F&& f, std::shared_ptr<completion> done) {
+    if constexpr (on_nvme) {
+      pipeline_->update(c, std::forward<F>(f), std::move(done));
+    } else {
+      try {
+        visit(c, /*write=*/true, std::forward<F>(f));
+      } catch (...) {
+        if (done) done->complete(std::current_exception());
+        throw;
+      }
+      if (done) done->complete();
+    }
+  }
+  /// Chunk c's update comes next: NVMe homes read its blocks ahead (any thread).
+  void prepare_update(std::uint32_t c) {
+    if constexpr (on_nvme) pipeline_->prepare(c);
+  }
+  /// Waits for the updates' write-backs in flight; rethrows the first that failed.
+  void drain_updates() {
+    if constexpr (on_nvme) pipeline_->drain();
   }
   /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
@@ -183,32 +217,14 @@ class streamed_homes {
     if (c >= homes_.size())
       raise(error_code::invalid_argument, "streamed_homes: chunk " + std::to_string(c) + " of " +
                                               std::to_string(homes_.size()));
-    const std::size_t params = settings_.param_elements[c], states = settings_.state_elements[c];
-    auto& h = homes_[c];
-    home_view v{nullptr, params, settings_.type, settings_.owned_offset[c], {}, {}, {}};
     if constexpr (on_nvme) {
-      const auto arrays = states_of(h);
-      tier_buffer* scratch[] = {&scratch_master_, &scratch_moment1_, &scratch_moment2_};
-      tier_buffer** scratch_states = arrays.size() == 3 ? scratch : scratch + 1;
-      home_->read(h.param, scratch_param_.data<std::byte>(), block_bytes_);
-      for (std::size_t k = 0; k < arrays.size(); ++k)
-        home_->read(*arrays[k], scratch_states[k]->template data<std::byte>(), state_bytes_);
-      v.working = scratch_param_.data<std::byte>();
-      v.master = std::span<float>(scratch_master_.data(), states);
-      v.moment1 = std::span<float>(scratch_moment1_.data(), states);
-      v.moment2 = std::span<float>(scratch_moment2_.data(), states);
-      if (!v.separate_master()) v.master = std::span<float>(scratch_param_.data() + v.owned_offset, states);
-      f(v);
-      if (write) {
-        home_->write(h.param, scratch_param_.data<std::byte>(), block_bytes_);
-        for (std::size_t k = 0; k < arrays.size(); ++k)
-          home_->write(*arrays[k], scratch_states[k]->template data<std::byte>(), state_bytes_);
-      }
+      pipeline_->visit(c, write, std::forward<F>(f));
     } else {
       (void)write;
-      v.working = h.param.template data<std::byte>();
-      v.moment1 = h.moment1.span();
-      v.moment2 = h.moment2.span();
+      const std::size_t params = settings_.param_elements[c], states = settings_.state_elements[c];
+      auto& h = homes_[c];
+      home_view v{h.param.template data<std::byte>(), params, settings_.type, settings_.owned_offset[c], {},
+                  h.moment1.span(), h.moment2.span()};
       v.master = v.separate_master() ? h.master.span() : std::span<float>(h.param.data() + v.owned_offset, states);
       f(v);
     }
@@ -221,7 +237,7 @@ class streamed_homes {
   std::unique_ptr<home_tier, void (*)(home_tier*)> home_;
   std::unique_ptr<engine_type> engine_;
   std::vector<chunk_home> homes_;
-  tier_buffer scratch_param_, scratch_master_, scratch_moment1_, scratch_moment2_;  // NVMe only: pinned, I/O-aligned
+  std::unique_ptr<nvme_update_pipeline> pipeline_;  // NVMe only: the blocks' pinned scratch copies and their I/O
   std::optional<cache_type> cache_;
 };
 

@@ -1,0 +1,237 @@
+#pragma once
+// nvme_update_pipeline: the optimizer updates of chunks whose states live in the NVMe store, pipelined as
+// ZeRO-Infinity's and LoHan's out-of-core steps are: while one chunk's AdamW runs on its pinned scratch copy, the
+// next chunk's blocks are read into another and the previous chunk's written back from a third, on one I/O thread.
+// A step of n chunks then costs about max(n * (read + write), n * update) instead of n * (read + update + write).
+//
+//   prepare(c)   reads chunk c's blocks ahead of its update, when a scratch set is free (any thread; the caller
+//                knows the order: the optimizer stage prepares each chunk when its gradient is reduced, or the next
+//                one of a deferred step's loop);
+//   update(c, f, done)   f(home_view) on chunk c's state (its prepared copy, or read now), then written back behind
+//                the caller; `done` completes once the bytes are on disk, or with the failure. One update at a time.
+//   visit(c, write, f)   f outside the pipeline (initialisation, checkpoints, reads), after every write in flight;
+//   drain()      waits for every read and write in flight and rethrows the first write failure.
+//
+// The I/O thread runs reads and writes in the order they were asked, so a read of a chunk always sees its last
+// write, and a set whose write-back is still queued can take the next read at once (it runs after the write).
+// Scratch sets come from the pinned tier; up to three are taken, fewer when its budget is short (one set: no
+// overlap, nothing else changes).
+#include <chunkwise/core/abi.hpp>
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/core/dtype.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/core/worker_threads.hpp>
+#include <chunkwise/runtime/detail/tier_buffer.hpp>
+#include <chunkwise/runtime/home_view.hpp>
+#include <chunkwise/tier/nvme.hpp>
+#include <chunkwise/tier/pinned_host.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
+
+/// One chunk's blocks in the NVMe store (master: bf16/fp16 only) and the geometry of its home view.
+struct nvme_chunk_state {
+  nvme_block param{}, master{}, moment1{}, moment2{};
+  std::size_t param_elements = 0, state_elements = 0, owned_offset = 0;
+};
+
+class nvme_update_pipeline {
+ public:
+  static constexpr std::size_t max_sets = 3;  // one read ahead, one being updated, one being written back
+
+  nvme_update_pipeline(nvme_tier& store, pinned_host_tier& pinned, std::vector<nvme_chunk_state> chunks, dtype type,
+                       byte_count param_bytes, byte_count state_bytes)
+      : store_(&store), chunks_(std::move(chunks)), type_(type), param_bytes_(param_bytes),
+        state_bytes_(state_bytes) {
+    for (std::size_t k = 0; k < max_sets; ++k) {
+      try {
+        sets_.push_back(std::make_unique<scratch>(pinned, param_bytes_, state_bytes_));
+      } catch (const error& e) {
+        if (e.code() != error_code::out_of_memory || sets_.empty()) throw;
+        break;  // the pinned budget holds fewer sets: less overlap, the same results
+      }
+    }
+  }
+  nvme_update_pipeline(const nvme_update_pipeline&) = delete;
+  nvme_update_pipeline& operator=(const nvme_update_pipeline&) = delete;
+  ~nvme_update_pipeline() {
+    for (auto& s : sets_)
+      if (s->io.valid()) s->io.wait();  // never leave I/O running into freed buffers
+  }
+
+  [[nodiscard]] std::size_t scratch_sets() const noexcept { return sets_.size(); }
+  /// Updates run, and how many of them found their blocks read ahead (prepared) rather than reading them then.
+  struct statistics {
+    std::uint64_t updates = 0, read_ahead = 0;
+  };
+  [[nodiscard]] statistics stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  void prepare(std::uint32_t c) {
+    std::lock_guard lock(mutex_);
+    if (holding(c) != nullptr) return;
+    if (scratch* s = idle_set()) start_read(*s, c);
+  }
+
+  template <class F>
+  void update(std::uint32_t c, F&& f, std::shared_ptr<completion> done) {
+    try {
+      scratch& s = take_for_update(c);
+      s.io.get();  // its read (rethrows a failed one)
+      f(view(s, c));
+      std::lock_guard lock(mutex_);
+      s.state = scratch::writing;
+      s.io = io_.submit(std::packaged_task<void()>([this, &s, c, done] {
+        try {
+          transfer(s, c, /*write=*/true);
+          if (done) done->complete();
+        } catch (...) {
+          if (done) done->complete(std::current_exception());
+          std::lock_guard failure_lock(mutex_);
+          if (!failure_) failure_ = std::current_exception();
+        }
+      }));
+    } catch (...) {
+      if (done) done->complete(std::current_exception());
+      throw;
+    }
+  }
+
+  template <class F>
+  void visit(std::uint32_t c, bool write, F&& f) {
+    drain();
+    scratch& s = *sets_.front();
+    transfer(s, c, /*write=*/false);
+    f(view(s, c));
+    if (write) transfer(s, c, /*write=*/true);
+  }
+
+  void drain() {
+    std::vector<std::future<void>> in_flight;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& s : sets_)
+        if (s->io.valid()) in_flight.push_back(std::move(s->io));
+    }
+    for (auto& io : in_flight) {
+      try {
+        io.get();
+      } catch (...) {  // a read ahead that failed: its update never came (a write's failure is in failure_)
+      }
+    }
+    std::exception_ptr failure;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& s : sets_) s->state = scratch::idle;
+      std::swap(failure, failure_);
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+ private:
+  struct scratch {
+    enum state_kind { idle, reading, updating, writing };
+    scratch(pinned_host_tier& pinned, byte_count param_bytes, byte_count state_bytes)
+        : param(pinned, round_up(param_bytes, nvme_tier::io_alignment), dtype::uint8),
+          master(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8),
+          moment1(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8),
+          moment2(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8) {}
+    tier_buffer param, master, moment1, moment2;
+    state_kind state = idle;
+    std::uint32_t chunk = 0;
+    std::future<void> io;  // the read (reading) or write (writing) in flight
+  };
+
+  // The fp32 arrays of chunk c paired with their scratch buffers: master weights when separate, the moments.
+  void transfer(scratch& s, std::uint32_t c, bool write) {
+    const auto& h = chunks_[c];
+    const auto move = [&](nvme_block block, tier_buffer& buffer, byte_count bytes) {
+      if (write) store_->write(block, buffer.data<std::byte>(), bytes);
+      else store_->read(block, buffer.data<std::byte>(), bytes);
+    };
+    move(h.param, s.param, param_bytes_);
+    if (type_ != dtype::fp32) move(h.master, s.master, state_bytes_);
+    move(h.moment1, s.moment1, state_bytes_);
+    move(h.moment2, s.moment2, state_bytes_);
+  }
+  home_view view(scratch& s, std::uint32_t c) const {
+    const auto& h = chunks_[c];
+    home_view v{s.param.data<std::byte>(), h.param_elements, type_, h.owned_offset,
+                {s.master.data(), h.state_elements}, {s.moment1.data(), h.state_elements},
+                {s.moment2.data(), h.state_elements}};
+    if (!v.separate_master()) v.master = std::span<float>(s.param.data() + h.owned_offset, h.state_elements);
+    return v;
+  }
+
+  // With mutex_ held: the set holding (or reading) chunk c for its update; a set free for a read ahead.
+  scratch* holding(std::uint32_t c) {
+    for (auto& s : sets_)
+      if (s->state == scratch::reading && s->chunk == c) return s.get();
+    return nullptr;
+  }
+  // Idle, or writing back: the I/O thread runs a read queued now after that write (whose failure the write itself
+  // keeps in failure_ and its completion).
+  scratch* idle_set() {
+    for (auto& s : sets_)
+      if (s->state == scratch::idle) return s.get();
+    for (auto& s : sets_)
+      if (s->state == scratch::writing) return s.get();
+    return nullptr;
+  }
+  void start_read(scratch& s, std::uint32_t c) {
+    s.state = scratch::reading;
+    s.chunk = c;
+    s.io = io_.submit(std::packaged_task<void()>([this, &s, c] { transfer(s, c, /*write=*/false); }));
+  }
+  // The set chunk c's update runs on: its read ahead, or a set read now (an idle or writing one, or one that read
+  // ahead for another chunk: dropped, it changed nothing).
+  scratch& take_for_update(std::uint32_t c) {
+    std::unique_lock lock(mutex_);
+    ++stats_.updates;
+    if (holding(c) != nullptr) ++stats_.read_ahead;
+    for (;;) {
+      scratch* s = holding(c);
+      if (s == nullptr && (s = idle_set()) != nullptr) start_read(*s, c);
+      if (s != nullptr) {
+        s->state = scratch::updating;
+        return *s;
+      }
+      scratch* busy = nullptr;  // every set reads ahead for another chunk: drop the first
+      for (auto& candidate : sets_)
+        if (candidate->state == scratch::reading) {
+          busy = candidate.get();
+          break;
+        }
+      std::future<void> io = std::move(busy->io);
+      busy->state = scratch::updating;  // held by this call while the lock is released
+      lock.unlock();
+      try {
+        io.get();
+      } catch (...) {  // its update reads again
+      }
+      lock.lock();
+      busy->state = scratch::idle;
+    }
+  }
+
+  nvme_tier* store_;
+  std::vector<nvme_chunk_state> chunks_;
+  dtype type_;
+  byte_count param_bytes_, state_bytes_;
+  std::vector<std::unique_ptr<scratch>> sets_;
+  mutable std::mutex mutex_;
+  statistics stats_;
+  std::exception_ptr failure_;  // the first write-back that failed, until drain()
+  worker_threads io_{1};        // last: destroyed first, after finishing what it was given
+};
+
+}  // namespace chunkwise::detail
