@@ -51,6 +51,16 @@ class gradient_pipeline {
     tensor_ready_.assign(model.tensors.size(), 0);
     chunk_ready_.assign(chunks.size(), 0);
   }
+  gradient_pipeline(const gradient_pipeline&) = delete;
+  gradient_pipeline& operator=(const gradient_pipeline&) = delete;
+  ~gradient_pipeline() {
+    for (auto& b : *chunks_) {  // reductions still writing into this rank's buffers
+      try {
+        b.reduction.wait();
+      } catch (...) {  // the run already failed; its own error was reported
+      }
+    }
+  }
 
   [[nodiscard]] gradient_handover handover() const noexcept { return handover_; }
   [[nodiscard]] byte_count bytes_reduced() const noexcept { return reduced_bytes_; }

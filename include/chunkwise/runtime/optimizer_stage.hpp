@@ -75,6 +75,15 @@ class optimizer_stage {
     return settings_.schedule && settings_.clip_norm == 0.0f && !settings_.loss_scaling;
   }
   [[nodiscard]] bool has_schedule() const noexcept { return static_cast<bool>(settings_.schedule); }
+  /// runtime::step() goes with a schedule, step(lr) without one.
+  void check_step_call(bool scheduled) const {
+    if (scheduled && !has_schedule())
+      detail::raise(error_code::illegal_state, "runtime::step(): no learning-rate schedule was given; set "
+                                               "runtime_options::learning_rate or call step(lr)");
+    if (!scheduled && has_schedule())
+      detail::raise(error_code::illegal_state, "runtime::step(lr): this runtime takes its learning rate from "
+                                               "runtime_options::learning_rate; call step()");
+  }
   /// The global gradient norm of the last step, unscaled (computed only when clipping or loss scaling; NaN otherwise;
   /// infinite or NaN for an overflowed step).
   [[nodiscard]] double last_grad_norm() const noexcept { return last_norm_; }

@@ -30,6 +30,16 @@ class parameter_fetches {
                     std::size_t prefetch_depth, dtype type)
       : ops_(&ops), homes_(&homes), gradients_(&gradients), device_(&device), chunks_(&chunks),
         pass_chunks_(&pass_chunks), prefetch_depth_(prefetch_depth), type_(type) {}
+  parameter_fetches(const parameter_fetches&) = delete;
+  parameter_fetches& operator=(const parameter_fetches&) = delete;
+  ~parameter_fetches() {
+    for (auto& b : *chunks_) {  // prefetched gathers still writing into this rank's buffers
+      try {
+        b.fetch.wait();
+      } catch (...) {  // the run already failed; its own error was reported
+      }
+    }
+  }
 
   [[nodiscard]] std::size_t prefetch_depth() const noexcept { return prefetch_depth_; }
   [[nodiscard]] byte_count gathered_bytes() const noexcept { return gathered_bytes_; }

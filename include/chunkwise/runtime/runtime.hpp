@@ -11,8 +11,8 @@
 //   optimizer_stage    AdamW where the states live, each chunk's update beside the rest of backward when it can;
 //                      ZeRO-2's publication at step();
 //   checkpoint.hpp     sharded, atomic checkpoints with resharding.
-// Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget
-// that cannot hold a plan fails at construction with the tier's numbers.
+// Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget that cannot hold a plan fails at
+// construction with the tier's numbers.
 //
 // Precision is the model's: fp32 tensors train in fp32; bf16 or fp16 tensors keep bf16/fp16 working parameters and
 // gradients in the chunks (what moves, is gathered and reduced) and fp32 master weights and moments where the
@@ -30,6 +30,7 @@
 #include <chunkwise/runtime/chunk_record.hpp>
 #include <chunkwise/runtime/detail/assembly.hpp>
 #include <chunkwise/runtime/detail/rank_agreement.hpp>
+#include <chunkwise/runtime/detail/tensor_access.hpp>
 #include <chunkwise/runtime/gradient_pipeline.hpp>
 #include <chunkwise/runtime/home_storage.hpp>
 #include <chunkwise/runtime/optimizer_stage.hpp>
@@ -83,20 +84,11 @@ class runtime {
   }
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
-  ~runtime() {
-    for (auto& b : chunks_) {  // collectives still writing into this rank's buffers (prefetched gathers)
-      try {
-        b.fetch.wait();
-        b.reduction.wait();
-      } catch (...) {  // the run already failed; its own error was reported
-      }
-    }
-  }
 
   [[nodiscard]] const chunk_map& layout() const noexcept { return map_; }
 
   void acquire(std::size_t pass) {
-    check_pass(pass, "acquire");
+    detail::check_pass(model_, pass, "acquire");
     progress();
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
     for (const auto c : pass_chunks_[pass]) {
@@ -110,7 +102,7 @@ class runtime {
   }
 
   void release(std::size_t pass) {
-    check_pass(pass, "release");
+    detail::check_pass(model_, pass, "release");
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
     for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
@@ -157,22 +149,15 @@ class runtime {
   template <class T = float>
   std::span<T> parameter(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    if (b.life.state() != chunk_state::in_use)
-      detail::raise(error_code::illegal_state, "runtime: parameters of chunk " + std::to_string(b.index) +
-                                                   " read while " + std::string(to_string(b.life.state())) +
-                                                   "; acquire a pass that uses it first");
-    return view<T>(tensor, b.compute);
+    detail::require_parameters(b);
+    return detail::tensor_span<T>(model_, map_, type_, tensor, b.compute);
   }
   /// Its gradient accumulator in T (the trainer adds into it): valid between acquire and release of a backward pass.
   template <class T = float>
   std::span<T> gradient(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
-    if (b.life.state() != chunk_state::in_use || b.gradient.empty())
-      detail::raise(error_code::illegal_state, "runtime: gradient of tensor " + std::to_string(tensor) + " (chunk " +
-                                                   std::to_string(b.index) + ") asked for outside a backward pass "
-                                                   "that uses it; gradients exist from a chunk's first backward "
-                                                   "acquire until its reduction");
-    return view<T>(tensor, b.gradient.template data<std::byte>());
+    detail::require_gradient(b, tensor);
+    return detail::tensor_span<T>(model_, map_, type_, tensor, b.gradient.template data<std::byte>());
   }
   /// The element type of parameters and gradients (the model's tensors').
   [[nodiscard]] dtype element_type() const noexcept { return type_; }
@@ -185,16 +170,12 @@ class runtime {
 
   /// Ends the iteration with learning rate lr: every chunk's AdamW update (runtime_options::learning_rate unset).
   void step(float lr) {
-    if (optimizer_.has_schedule())
-      detail::raise(error_code::illegal_state, "runtime::step(lr): this runtime takes its learning rate from "
-                                               "runtime_options::learning_rate; call step()");
+    optimizer_.check_step_call(/*scheduled=*/false);
     finish_step(lr);
   }
   /// Ends the iteration at the scheduled learning rate; updates that started during backward are waited for.
   void step() {
-    if (!optimizer_.has_schedule())
-      detail::raise(error_code::illegal_state, "runtime::step(): no learning-rate schedule was given; set "
-                                               "runtime_options::learning_rate or call step(lr)");
+    optimizer_.check_step_call(/*scheduled=*/true);
     finish_step(std::nullopt);
   }
 
@@ -218,7 +199,8 @@ class runtime {
   }
 
   [[nodiscard]] runtime_traffic traffic() const {
-    return {fetches_.gathered_bytes(), gradients_.bytes_reduced(), optimizer_.bytes_published(), cache_stats().bytes_home_to_device};
+    return {fetches_.gathered_bytes(), gradients_.bytes_reduced(), optimizer_.bytes_published(),
+            cache_stats().bytes_home_to_device};
   }
   /// The device cache of streamed chunks: hits, misses, prefetches, bytes moved, time acquire stalled (all zero when
   /// every chunk is resident).
@@ -287,29 +269,7 @@ class runtime {
     return !collective::shards_parameters && c < placement_.resident ? chunk_state::ready : chunk_state::released;
   }
 
-  // ---- lookups ----
-
-  std::uint32_t chunk_of(std::uint32_t tensor) const {
-    if (tensor >= model_.tensors.size())
-      detail::raise(error_code::invalid_argument, "runtime: tensor " + std::to_string(tensor) + " of " +
-                                                      std::to_string(model_.tensors.size()));
-    return map_.locations[tensor].chunk;
-  }
-  template <class T>
-  std::span<T> view(std::uint32_t tensor, std::byte* chunk_base) const {
-    if (dtype_of<T>() != type_)
-      detail::raise(error_code::invalid_argument, "runtime: tensor '" + model_.tensors[tensor].name.str() + "' is " +
-                                                      std::string(to_string(type_)) + ", asked for as " +
-                                                      std::string(to_string(dtype_of<T>())) +
-                                                      "; use parameter<T> / gradient<T> with the model's type");
-    return {reinterpret_cast<T*>(chunk_base + map_.locations[tensor].offset), model_.tensors[tensor].elements};
-  }
-  void check_pass(std::size_t pass, const char* call) const {
-    if (pass >= model_.passes.size())
-      detail::raise(error_code::invalid_argument, std::string("runtime::") + call + ": pass " + std::to_string(pass) +
-                                                      " of a profile with " + std::to_string(model_.passes.size()) +
-                                                      " passes");
-  }
+  std::uint32_t chunk_of(std::uint32_t tensor) const { return detail::chunk_of(model_, map_, tensor); }
   checkpoint_site<record, homes_type, Comm> site() {
     return {model_, map_, chunks_, homes_, *comm_,
             {model_.name.str(), Plan::name(), detail::tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
