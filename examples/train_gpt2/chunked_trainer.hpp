@@ -112,8 +112,12 @@ inline chunkwise::model_profile trace_profile(const model_config& config, chunkw
 /// cut to as many layers as fit 1 GiB of training state (so a 48-layer model is timed on a few of its layers, not in
 /// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the slowest rank's median
 /// iteration (a median, so a burst of other work on the machine does not set the rate). The cost model's compute
-/// rate for this trainer (a generic GEMM benchmark overstates naive loops several times).
-inline double measure_pass_flops(model_config config, int ranks, int iterations = 7) {
+/// rate for this trainer (a generic GEMM benchmark overstates naive loops several times). With 16-bit chunks
+/// (`type` bf16 or fp16) each iteration also pays fp32_compute's conversions, timed on as many elements as the cut
+/// model has parameters: its parameters widened for forward and again for backward, its gradients added into 16-bit
+/// accumulators.
+inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtype type = chunkwise::dtype::fp32,
+                                 int iterations = 7) {
   const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
   config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
   const chunkwise::model_profile model = trace_profile(config);
@@ -127,10 +131,26 @@ inline double measure_pass_flops(model_config config, int ranks, int iterations 
         tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % config.vocab);
         targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
       }
+      std::size_t elements = 0;
+      for (const auto& tensor : model.tensors) elements += tensor.elements;
+      std::vector<std::uint16_t> working(type == chunkwise::dtype::fp32 ? 0 : elements, 0x3f80),
+          accumulator(working.size(), 0);
+      std::vector<float> widened(working.size()), gradient(working.size(), 1e-3f);
+      const auto convert = [&] {
+        chunkwise::visit_element(type, "measure_pass_flops", [&]<class T>(T) {
+          if constexpr (!std::is_same_v<T, float>) {
+            for (int pass = 0; pass < 2; ++pass)
+              for (std::size_t i = 0; i < working.size(); ++i) widened[i] = chunkwise::to_float(T{working[i]});
+            for (std::size_t i = 0; i < working.size(); ++i)
+              accumulator[i] = chunkwise::from_float<T>(chunkwise::to_float(T{accumulator[i]}) + gradient[i]).bits;
+          }
+        });
+      };
       const auto forward_backward = [&] {
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());
         trainer.backward(tokens.data(), targets.data());
+        convert();
       };
       forward_backward();
       std::vector<double> times;

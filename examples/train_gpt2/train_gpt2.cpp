@@ -151,7 +151,10 @@ options parse(int argc, char** argv) {
 /// The training state as the planner counts it (fp32 parameters, gradients and Adam's m and v) against the device
 /// budget: the lines printed before the explain table.
 void print_memory(const options& o, const model_profile& model, byte_count budget, byte_count measured) {
-  const byte_count parameters = model.tensor_bytes(), state = 4 * parameters;
+  // Parameters and gradients in the chunks' type; fp32 master weights (16-bit types only) and Adam's two moments.
+  const byte_count parameters = model.tensor_bytes(), elements = parameters / size_of(o.type);
+  const byte_count master = o.type == dtype::fp32 ? 0 : 4 * elements, moments = 8 * elements;
+  const byte_count state = 2 * parameters + master + moments;
   if (!o.device_budget_given)
     std::printf("device budget %s per rank (the default, emulating a small GPU; --device-budget 0 for this machine's "
                 "measured %s per rank)\n", format_bytes(budget).c_str(), format_bytes(measured).c_str());
@@ -161,10 +164,12 @@ void print_memory(const options& o, const model_profile& model, byte_count budge
   else
     std::printf("device budget %s per rank (--device-budget; this machine's measured memory is %s per rank)\n",
                 format_bytes(budget).c_str(), format_bytes(measured).c_str());
-  std::printf("training state %s, as the planner counts it: parameters %s + gradients %s + Adam's m and v %s (fp32);\n"
-              "  activations %s at their peak\n", format_bytes(state).c_str(), format_bytes(parameters).c_str(),
-              format_bytes(parameters).c_str(), format_bytes(2 * parameters).c_str(),
-              format_bytes(model.peak_activation_bytes()).c_str());
+  const std::string type(to_string(o.type));
+  std::printf("training state %s, as the planner counts it: parameters %s + gradients %s (%s)%s + Adam's m and v %s "
+              "(fp32);\n  activations %s at their peak\n", format_bytes(state).c_str(), format_bytes(parameters).c_str(),
+              format_bytes(parameters).c_str(), type.c_str(),
+              master == 0 ? "" : (" + master weights " + format_bytes(master) + " (fp32)").c_str(),
+              format_bytes(moments).c_str(), format_bytes(model.peak_activation_bytes()).c_str());
   const byte_count sharded = (state + static_cast<byte_count>(o.ranks) - 1) / static_cast<byte_count>(o.ranks);
   if (sharded > budget) {
     std::string not_even;
@@ -467,9 +472,11 @@ int main(int argc, char** argv) {
     if (o.device_budget != 0) machine.device_memory = o.device_budget;
     // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
-    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks);
-    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) (GEMM peak %.2f)\n\n",
-                machine.device_flops_per_second / 1e9, o.ranks, gemm_flops / 1e9);
+    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks, o.type);
+    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s)%s (GEMM peak %.2f)\n\n",
+                machine.device_flops_per_second / 1e9, o.ranks,
+                o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
+                gemm_flops / 1e9);
     print_memory(o, model, machine.device_memory, measured_memory);
 
     // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
