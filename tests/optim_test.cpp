@@ -245,6 +245,54 @@ TEST_CASE("every instruction set gives bit-identical results for all gradient an
       }
 }
 
+TEST_CASE("widen and accumulate_scaled: every instruction set, the scalar definition, bit for bit") {
+  // Ordinary values and special ones: subnormals, bf16/fp16 ties, fp16 overflow, signed zero, infinity, NaN.
+  std::mt19937 random(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -3e-39f, 1.00390625f, 1.01171875f, 65520.0f, 1e-8f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 6.1e-5f};
+  const auto check = [&]<class T>(T) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{1003}}) {
+      CAPTURE(n);
+      std::vector<float> g(n);
+      std::vector<T> start(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        g[i] = i < std::size(specials) ? specials[i] : normal(random);
+        start[i] = from_float<T>(i + 3 < std::size(specials) ? specials[(i + 3) % std::size(specials)] : normal(random));
+      }
+      std::vector<std::vector<std::uint16_t>> sums;
+      std::vector<std::vector<std::uint32_t>> wides;
+      for (const cpu_isa isa : supported_isas()) {
+        std::vector<T> acc = start;
+        accumulate_scaled<T>(acc, g, 0.5f, isa);
+        std::vector<float> wide(n);
+        widen<T>(acc, wide, isa);
+        std::vector<std::uint16_t> sum_bits(n);
+        std::vector<std::uint32_t> wide_bits(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          sum_bits[i] = acc[i].bits;
+          wide_bits[i] = std::bit_cast<std::uint32_t>(wide[i]);
+          // The definition: one fused multiply-add in fp32, rounded to nearest even; widening is exact.
+          CHECK(acc[i].bits == from_float<T>(std::fma(0.5f, g[i], to_float(start[i]))).bits);
+          CHECK(wide_bits[i] == std::bit_cast<std::uint32_t>(to_float(acc[i])));
+        }
+        sums.push_back(std::move(sum_bits));
+        wides.push_back(std::move(wide_bits));
+      }
+      for (std::size_t k = 1; k < sums.size(); ++k) {
+        CHECK(sums[k] == sums[0]);
+        CHECK(wides[k] == wides[0]);
+      }
+    }
+  };
+  check(bf16{});
+  check(fp16{});
+  std::vector<bf16> acc(3);
+  std::vector<float> g(4);
+  CHECK_THROWS_WITH_AS(accumulate_scaled<bf16>(acc, g, 1.0f), doctest::Contains("3 and 4 elements"), error);
+}
+
 TEST_CASE("bf16 and fp16 working copies are the round-to-nearest-even of the updated fp32 weights") {
   // Ordinary values after a real update, and special ones kept by a zero update (lr 0, zero gradients):
   // subnormals, ties, fp16 overflow and underflow, signed zero, infinity, NaN.

@@ -14,13 +14,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace gpt2 {
 
@@ -133,19 +134,19 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
       }
       std::size_t elements = 0;
       for (const auto& tensor : model.tensors) elements += tensor.elements;
-      std::vector<std::uint16_t> working(type == chunkwise::dtype::fp32 ? 0 : elements, 0x3f80),
-          accumulator(working.size(), 0);
-      std::vector<float> widened(working.size()), gradient(working.size(), 1e-3f);
-      const auto convert = [&] {
-        chunkwise::visit_element(type, "measure_pass_flops", [&]<class T>(T) {
-          if constexpr (!std::is_same_v<T, float>) {
-            for (int pass = 0; pass < 2; ++pass)
-              for (std::size_t i = 0; i < working.size(); ++i) widened[i] = chunkwise::to_float(T{working[i]});
-            for (std::size_t i = 0; i < working.size(); ++i)
-              accumulator[i] = chunkwise::from_float<T>(chunkwise::to_float(T{accumulator[i]}) + gradient[i]).bits;
-          }
-        });
-      };
+      std::function<void()> convert = [] {};
+      chunkwise::visit_element(type, "measure_pass_flops", [&]<class T>(T) {
+        if constexpr (!std::is_same_v<T, float>) {
+          auto working = std::make_shared<std::vector<T>>(elements, chunkwise::from_float<T>(1.0f));
+          auto accumulator = std::make_shared<std::vector<T>>(elements, chunkwise::from_float<T>(0.0f));
+          auto widened = std::make_shared<std::vector<float>>(elements);
+          auto gradient = std::make_shared<std::vector<float>>(elements, 1e-3f);
+          convert = [=] {
+            for (int pass = 0; pass < 2; ++pass) chunkwise::optim::widen<T>(*working, *widened);
+            chunkwise::optim::accumulate_scaled<T>(*accumulator, *gradient, 1.0f);
+          };
+        }
+      });
       const auto forward_backward = [&] {
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());

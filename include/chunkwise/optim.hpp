@@ -3,6 +3,7 @@
 // loss scaling and global-norm clipping, state checkpoints. The fused CUDA Adam is in
 // <chunkwise/optim/cuda/adam.cuh> (nvcc only).
 #include <chunkwise/optim/concepts.hpp>
+#include <chunkwise/optim/convert.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/optim/cpu_isa.hpp>
 #include <chunkwise/optim/cpu_options.hpp>

@@ -3,13 +3,15 @@
 // parameters and gradients (mixed precision: what moves, is gathered, reduced and cached is 16-bit; the master
 // weights and Adam states are fp32 where the states live). parameter(t) gives an fp32 copy of tensor t's working
 // parameters; gradient(t) a zeroed fp32 buffer, which flush() adds into the 16-bit accumulator, multiplied by the
-// runtime's loss scale and rounded once, when the pass's compute is done and before the runtime releases it. In fp32
-// both hand out the runtime's own memory and flush() does nothing.
+// runtime's loss scale and rounded once, when the pass's compute is done and before the runtime releases it (on the
+// optimizer kernels' SIMD paths, optim/convert.hpp). In fp32 both hand out the runtime's own memory and flush() does
+// nothing.
 //
 // Scaling at the flush rather than the loss: with a power-of-two scale the product is the same bits as scaling the
 // loss in fp32 compute, and the scale does its job where fp16 can overflow or underflow: in the accumulators and the
 // reduction.
 #include <chunkwise/core/dtype.hpp>
+#include <chunkwise/optim/convert.hpp>
 
 #include <cstdint>
 #include <span>
@@ -31,7 +33,7 @@ class fp32_compute {
       else {
         const auto working = rt_->template parameter<T>(t);
         params_[t].resize(working.size());
-        for (std::size_t i = 0; i < working.size(); ++i) params_[t][i] = to_float(working[i]);
+        optim::widen<T>(working, params_[t]);
         return params_[t].data();
       }
     });
@@ -52,12 +54,7 @@ class fp32_compute {
     visit_element(rt_->element_type(), "fp32_compute", [&]<class T>(T) {
       if constexpr (!std::is_same_v<T, float>) {
         const float scale = rt_->loss_scale();
-        for (const auto t : written_) {
-          const auto accumulator = rt_->template gradient<T>(t);
-          const auto& g = grads_[t];
-          for (std::size_t i = 0; i < accumulator.size(); ++i)
-            accumulator[i] = from_float<T>(to_float(accumulator[i]) + scale * g[i]);
-        }
+        for (const auto t : written_) optim::accumulate_scaled<T>(rt_->template gradient<T>(t), grads_[t], scale);
       }
     });
     written_.clear();

@@ -154,6 +154,21 @@ CHUNKWISE_AVX2_TARGET double sum_of_squares(const Grad* grad, std::size_t begin,
   return fold_lanes(lanes);
 }
 
+template <class T>
+CHUNKWISE_AVX2_TARGET void widen(const T* in, float* out, std::size_t begin, std::size_t end) noexcept {
+  std::size_t i = begin;
+  for (; i + 8 <= end; i += 8) store(out, i, load(in, i));
+  widen_scalar(in, out, i, end);
+}
+template <class T>
+CHUNKWISE_AVX2_TARGET void accumulate_scaled(T* acc, const float* g, float scale, std::size_t begin,
+                                             std::size_t end) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  std::size_t i = begin;
+  for (; i + 8 <= end; i += 8) store(acc, i, _mm256_fmadd_ps(s, load(g, i), load(acc, i)));
+  accumulate_scaled_scalar(acc, g, scale, i, end);
+}
+
 }  // namespace chunkwise::optim::detail::avx2
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -167,6 +167,26 @@ CHUNKWISE_AVX512_TARGET double sum_of_squares(const Grad* grad, std::size_t begi
   return fold_lanes(lanes);
 }
 
+template <class T>
+CHUNKWISE_AVX512_TARGET void widen(const T* in, float* out, std::size_t begin, std::size_t end) noexcept {
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) store(out, i, load(in, i, static_cast<__mmask16>(0xffff)), static_cast<__mmask16>(0xffff));
+  if (i < end) store(out, i, load(in, i, tail_mask(end - i)), tail_mask(end - i));
+}
+template <class T>
+CHUNKWISE_AVX512_INLINE void accumulate_scaled_body(T* acc, const float* g, __m512 scale, std::size_t i,
+                                                    __mmask16 k) noexcept {
+  store(acc, i, _mm512_fmadd_ps(scale, load(g, i, k), load(acc, i, k)), k);
+}
+template <class T>
+CHUNKWISE_AVX512_TARGET void accumulate_scaled(T* acc, const float* g, float scale, std::size_t begin,
+                                               std::size_t end) noexcept {
+  const __m512 s = _mm512_set1_ps(scale);
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) accumulate_scaled_body(acc, g, s, i, static_cast<__mmask16>(0xffff));
+  if (i < end) accumulate_scaled_body(acc, g, s, i, tail_mask(end - i));
+}
+
 }  // namespace chunkwise::optim::detail::avx512
 
 #if defined(__GNUC__) && !defined(__clang__)

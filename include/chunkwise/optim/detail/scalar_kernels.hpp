@@ -95,4 +95,15 @@ double sum_of_squares_scalar(const Grad* grad, std::size_t begin, std::size_t en
   return fold_lanes(lanes);
 }
 
+/// out[i] = in[i] as fp32 (a 16-bit chunk's values for fp32 compute).
+template <class T>
+void widen_scalar(const T* in, float* out, std::size_t begin, std::size_t end) noexcept {
+  for (std::size_t i = begin; i < end; ++i) out[i] = load_element(in, i);
+}
+/// acc[i] = round(acc[i] + scale * g[i]), one fused multiply-add in fp32, then rounded to T to nearest even.
+template <class T>
+void accumulate_scaled_scalar(T* acc, const float* g, float scale, std::size_t begin, std::size_t end) noexcept {
+  for (std::size_t i = begin; i < end; ++i) store_element(acc, i, std::fma(scale, g[i], load_element(acc, i)));
+}
+
 }  // namespace chunkwise::optim::detail
