@@ -67,9 +67,8 @@ struct toy_result {
 // releases it.
 template <class Guard, class Bridge>
 struct flushing_use {
-  Bridge& bridge;
   Guard guard;
-  ~flushing_use() { bridge.flush(); }
+  typename Bridge::flush_guard flushing;  // destroyed first: the flush comes before the release
 };
 
 template <class Plan>
@@ -107,7 +106,7 @@ toy_result train(const toy_run& run) {
         for (std::uint64_t step = 1; step <= run.steps; ++step) {
           toy::make_batch(step, x, y);
           const auto use = [&](std::size_t pass) {
-            return flushing_use<typename runtime_type::pass_guard, decltype(bridge)>{bridge, rt.use(pass)};
+            return flushing_use<typename runtime_type::pass_guard, decltype(bridge)>{rt.use(pass), bridge.flush_at_exit()};
           };
           const auto param = [&](std::size_t t) { return bridge.parameter(static_cast<std::uint32_t>(t)); };
           const auto grad = [&](std::size_t t) { return bridge.gradient(static_cast<std::uint32_t>(t)); };

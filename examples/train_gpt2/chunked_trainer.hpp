@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -182,13 +181,7 @@ float run_profile_pass(chunkwise::fp32_compute<Runtime>& compute, const chunkwis
                        const model_config& config, activations<float>& acts, const int* tokens, const int* targets) {
   const auto p = [&](std::size_t t) { return compute.parameter(static_cast<std::uint32_t>(t)); };
   const auto g = [&](std::size_t t) { return compute.gradient(static_cast<std::uint32_t>(t)); };
-  struct flush_at_return {  // not while an exception unwinds: a failed pass's gradients are incomplete
-    chunkwise::fp32_compute<Runtime>& compute;
-    int unwinding = std::uncaught_exceptions();
-    ~flush_at_return() noexcept(false) {
-      if (std::uncaught_exceptions() == unwinding) compute.flush();
-    }
-  } flush{compute};
+  const auto flushing = compute.flush_at_exit();  // this pass's gradients go into the chunks at every return
   const std::string label(pass.label.view());
   const bool forward = pass.kind == chunkwise::pass_kind::forward;
   const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);

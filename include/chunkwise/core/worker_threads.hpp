@@ -237,4 +237,16 @@ class completion {
   std::exception_ptr failure_;
 };
 
+/// Runs f on the calling thread, then completes `done` (when given) with its outcome; f's exception is rethrown too.
+template <class F>
+void run_then_complete(const std::shared_ptr<completion>& done, F&& f) {
+  try {
+    f();
+  } catch (...) {
+    if (done) done->complete(std::current_exception());
+    throw;
+  }
+  if (done) done->complete();
+}
+
 }  // namespace chunkwise

@@ -14,6 +14,7 @@
 #include <chunkwise/optim/convert.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -59,6 +60,23 @@ class fp32_compute {
     });
     written_.clear();
   }
+
+  /// Calls flush() at the end of its scope, unless an exception is unwinding (a pass that failed midway has
+  /// incomplete gradients): `auto flushing = compute.flush_at_exit();` once the pass is acquired.
+  class flush_guard {
+   public:
+    explicit flush_guard(fp32_compute& owner) : owner_(owner) {}
+    flush_guard(const flush_guard&) = delete;
+    flush_guard& operator=(const flush_guard&) = delete;
+    ~flush_guard() noexcept(false) {
+      if (std::uncaught_exceptions() == unwinding_) owner_.flush();
+    }
+
+   private:
+    fp32_compute& owner_;
+    int unwinding_ = std::uncaught_exceptions();
+  };
+  [[nodiscard]] flush_guard flush_at_exit() { return flush_guard(*this); }
 
  private:
   Runtime* rt_;

@@ -125,13 +125,7 @@ class home_storage {
   template <class F>
   void update_async(std::uint32_t c, F&& f, std::shared_ptr<completion> done = nullptr) {
     if (streamed(c)) return streamed_->update_async(local(c), std::forward<F>(f), std::move(done));
-    try {
-      f(resident_view(c));
-    } catch (...) {
-      if (done) done->complete(std::current_exception());
-      throw;
-    }
-    if (done) done->complete();
+    run_then_complete(done, [&] { f(resident_view(c)); });
   }
   /// Chunk c is the next to update: NVMe homes start reading its state (any thread).
   void prepare_update(std::uint32_t c) {
@@ -165,10 +159,8 @@ class home_storage {
   };
   home_view resident_view(std::uint32_t c) {
     auto& h = residents_[c];
-    home_view v{h.param.template data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c], {},
-                h.moment1.span(), h.moment2.span()};
-    v.master = v.separate_master() ? h.master.span() : std::span<float>(h.param.data() + v.owned_offset, v.moment1.size());
-    return v;
+    return home_view::of(h.param.template data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c],
+                         h.master.data(), h.moment1.data(), h.moment2.data(), h.moment1.span().size());
   }
   struct absent {
     std::size_t chunks() const noexcept { return 0; }

@@ -23,6 +23,16 @@ struct home_view {
   std::size_t owned_offset = 0;  // where the owned elements start in the working parameters
   std::span<float> master, moment1, moment2;
 
+  /// The view of a chunk's arrays: `master` is used in bf16/fp16 only; in fp32 the master weights are the owned part
+  /// of `working` (the one place this aliasing is decided).
+  static home_view of(std::byte* working, std::size_t working_elements, dtype type, std::size_t owned_offset,
+                      float* master, float* moment1, float* moment2, std::size_t state_elements) noexcept {
+    home_view v{working, working_elements, type, owned_offset, {}, {moment1, state_elements},
+                {moment2, state_elements}};
+    v.master = {v.separate_master() ? master : reinterpret_cast<float*>(working) + owned_offset, state_elements};
+    return v;
+  }
+
   [[nodiscard]] bool separate_master() const noexcept { return type != dtype::fp32; }
   template <class T>
   [[nodiscard]] std::span<T> working_as() const noexcept {

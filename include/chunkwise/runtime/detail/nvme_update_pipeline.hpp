@@ -52,7 +52,7 @@ class nvme_update_pipeline {
         state_bytes_(state_bytes) {
     for (std::size_t k = 0; k < max_sets; ++k) {
       try {
-        sets_.push_back(std::make_unique<scratch>(pinned, param_bytes_, state_bytes_));
+        sets_.push_back(std::make_unique<scratch>(pinned, param_bytes_, state_bytes_, type_ != dtype::fp32));
       } catch (const error& e) {
         if (e.code() != error_code::out_of_memory || sets_.empty()) throw;
         break;  // the pinned budget holds fewer sets: less overlap, the same results
@@ -140,9 +140,10 @@ class nvme_update_pipeline {
  private:
   struct scratch {
     enum state_kind { idle, reading, updating, writing };
-    scratch(pinned_host_tier& pinned, byte_count param_bytes, byte_count state_bytes)
+    // `separate_master`: bf16/fp16 (in fp32 the master weights are part of `param`).
+    scratch(pinned_host_tier& pinned, byte_count param_bytes, byte_count state_bytes, bool separate_master)
         : param(pinned, round_up(param_bytes, nvme_tier::io_alignment), dtype::uint8),
-          master(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8),
+          master(pinned, separate_master ? round_up(state_bytes, nvme_tier::io_alignment) : 0, dtype::uint8),
           moment1(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8),
           moment2(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8) {}
     tier_buffer param, master, moment1, moment2;
@@ -151,7 +152,8 @@ class nvme_update_pipeline {
     std::future<void> io;  // the read (reading) or write (writing) in flight
   };
 
-  // The fp32 arrays of chunk c paired with their scratch buffers: master weights when separate, the moments.
+  // Reads (or writes back) chunk c's blocks into (from) a scratch set: working parameters, master weights when
+  // separate, the moments.
   void transfer(scratch& s, std::uint32_t c, bool write) {
     const auto& h = chunks_[c];
     const auto move = [&](nvme_block block, tier_buffer& buffer, byte_count bytes) {
@@ -165,11 +167,8 @@ class nvme_update_pipeline {
   }
   home_view view(scratch& s, std::uint32_t c) const {
     const auto& h = chunks_[c];
-    home_view v{s.param.data<std::byte>(), h.param_elements, type_, h.owned_offset,
-                {s.master.data(), h.state_elements}, {s.moment1.data(), h.state_elements},
-                {s.moment2.data(), h.state_elements}};
-    if (!v.separate_master()) v.master = std::span<float>(s.param.data() + h.owned_offset, h.state_elements);
-    return v;
+    return home_view::of(s.param.data<std::byte>(), h.param_elements, type_, h.owned_offset, s.master.data(),
+                         s.moment1.data(), s.moment2.data(), h.state_elements);
   }
 
   // With mutex_ held: the set holding (or reading) chunk c for its update; a set free for a read ahead.

@@ -146,13 +146,7 @@ class streamed_homes {
     if constexpr (on_nvme) {
       pipeline_->update(c, std::forward<F>(f), std::move(done));
     } else {
-      try {
-        visit(c, /*write=*/true, std::forward<F>(f));
-      } catch (...) {
-        if (done) done->complete(std::current_exception());
-        throw;
-      }
-      if (done) done->complete();
+      run_then_complete(done, [&] { visit(c, /*write=*/true, std::forward<F>(f)); });
     }
   }
   /// Chunk c's update comes next: NVMe homes read its blocks ahead (any thread).
@@ -223,10 +217,8 @@ class streamed_homes {
       (void)write;
       const std::size_t params = settings_.param_elements[c], states = settings_.state_elements[c];
       auto& h = homes_[c];
-      home_view v{h.param.template data<std::byte>(), params, settings_.type, settings_.owned_offset[c], {},
-                  h.moment1.span(), h.moment2.span()};
-      v.master = v.separate_master() ? h.master.span() : std::span<float>(h.param.data() + v.owned_offset, states);
-      f(v);
+      f(home_view::of(h.param.template data<std::byte>(), params, settings_.type, settings_.owned_offset[c],
+                      h.master.data(), h.moment1.data(), h.moment2.data(), states));
     }
   }
 
