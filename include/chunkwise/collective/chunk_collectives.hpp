@@ -12,6 +12,7 @@
 //
 //   gather_params(home, full)      replicated, shard_grads: nothing to move (pass the home as `full`);
 //                                  sharded: all-gather over the world; hybrid: all-gather within the group.
+//                                  With a third argument, the home may still be filling (prefetches).
 //   reduce_grads(full_grad, owned_grad, op)
 //                                  replicated: all-reduce of the whole chunk (owned_grad may be full_grad itself);
 //                                  shard_grads, sharded: reduce-scatter over the world; hybrid: reduce-scatter in
@@ -25,6 +26,7 @@
 #include <chunkwise/core/error.hpp>
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -95,6 +97,19 @@ class chunk_collectives {
                       std::string(Strategy::name) + " keeps whole parameters: compute on the home buffer (pass it "
                                                     "as `full`), there is nothing to gather");
       return {};
+    }
+  }
+
+  /// gather_params whose home is still being filled (a cache block whose fetch is in flight): `home_ready` returns
+  /// once it holds its bytes. The gather takes its place in this rank's order now; a communicator that can, waits
+  /// where the gather runs (thread_comm: its worker), others wait here.
+  template <transferable_element T>
+  pending<Comm> gather_params(std::span<const T> home, std::span<T> full, std::function<void()> home_ready) {
+    if constexpr (Strategy::shards_parameters && gathers_after_input<Comm, T>) {
+      return pending<Comm>(shard_comm().all_gather_after(home, full, std::move(home_ready)));
+    } else {
+      if (home_ready) home_ready();
+      return gather_params(home, full);
     }
   }
 

@@ -28,6 +28,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -53,6 +54,14 @@ constexpr dtype dtype_of() noexcept {
   else if constexpr (std::same_as<T, bf16>) return dtype::bf16;
   else return dtype::fp16;
 }
+
+/// Optional: an all-gather whose input is still being filled. `before` runs where the operation runs (a worker
+/// thread, say) and returns once `in` holds its bytes, so the caller issues the gather now, in its place in the rank's
+/// order, without waiting. Communicators without it: the caller waits first (detail::all_gather_after).
+template <class C, class T>
+concept gathers_after_input = requires(C& comm, std::span<const T> in, std::span<T> out, std::function<void()> before) {
+  { comm.all_gather_after(in, out, std::move(before)) } -> std::same_as<typename C::request>;
+};
 
 /// What an asynchronous operation returns.
 template <class R>

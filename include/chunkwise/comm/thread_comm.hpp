@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -131,6 +132,13 @@ class thread_group {
     view v(*this, rank, number);
     body(v);
     arrive_and_wait(rank, nullptr, number, false);
+  }
+  /// A rank that cannot take part in its next operation (its input failed to arrive): the group fails now, naming
+  /// it and why, instead of its peers timing out.
+  void fail(int rank, const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (failure_.empty()) failure_ = "rank " + std::to_string(rank) + " cannot take part: " + reason;
+    ready_.notify_all();
   }
 
  private:
@@ -271,13 +279,17 @@ class thread_comm {
     detail::check_all_gather("thread_comm", in, out, rank_, size());
     const detail::op_slot mine{.kind = detail::op_kind::all_gather, .element = detail::element_name<T>(),
                                .bytes = in.size_bytes(), .in = in.data(), .out = out.data()};
-    return submit(mine, [out, count = in.size()](detail::thread_group::view& peers) {
-      for (int q = 0; q < peers.size(); ++q) {
-        const T* source = static_cast<const T*>(peers.slot(q).in);
-        T* target = out.data() + static_cast<std::size_t>(q) * count;
-        if (source != target && count != 0) std::memcpy(target, source, count * sizeof(T));
-      }
-    });
+    return submit(mine, gather_body<T>(out, in.size()));
+  }
+
+  /// all_gather whose input is still being filled: this rank's worker runs `before` (waits for the input) and then
+  /// meets its peers; the caller does not wait.
+  template <transferable_element T>
+  request all_gather_after(std::span<const T> in, std::span<T> out, std::function<void()> before) {
+    detail::check_all_gather("thread_comm", in, out, rank_, size());
+    const detail::op_slot mine{.kind = detail::op_kind::all_gather, .element = detail::element_name<T>(),
+                               .bytes = in.size_bytes(), .in = in.data(), .out = out.data()};
+    return submit(mine, gather_body<T>(out, in.size()), std::move(before));
   }
 
   template <reducible_element T>
@@ -369,11 +381,34 @@ class thread_comm {
   thread_comm(std::shared_ptr<detail::thread_group> group, int rank, std::shared_ptr<worker_threads> worker)
       : group_(std::move(group)), rank_(rank), worker_(std::move(worker)) {}
 
+  // Copies every rank's block into `out` (blocks of `count`).
+  template <class T>
+  static auto gather_body(std::span<T> out, std::size_t count) {
+    return [out, count](detail::thread_group::view& peers) {
+      for (int q = 0; q < peers.size(); ++q) {
+        const T* source = static_cast<const T*>(peers.slot(q).in);
+        T* target = out.data() + static_cast<std::size_t>(q) * count;
+        if (source != target && count != 0) std::memcpy(target, source, count * sizeof(T));
+      }
+    };
+  }
+
+  // `before`: runs on the worker before this rank arrives (an input still being filled); if it throws, the group
+  // fails at once with its reason.
   template <class Body>
-  request submit(const detail::op_slot& mine, Body body) {
-    std::packaged_task<void()> task([group = group_, rank = rank_, mine, body = std::move(body)]() mutable {
-      group->run(rank, mine, body);
-    });
+  request submit(const detail::op_slot& mine, Body body, std::function<void()> before = {}) {
+    std::packaged_task<void()> task(
+        [group = group_, rank = rank_, mine, body = std::move(body), before = std::move(before)]() mutable {
+          if (before) {
+            try {
+              before();
+            } catch (const std::exception& e) {
+              group->fail(rank, std::string(to_string(mine.kind)) + "'s input: " + e.what());
+              throw;
+            }
+          }
+          group->run(rank, mine, body);
+        });
     // A one-rank group meets no peer: run inline (no fault injection to honour, which needs the worker's timing).
     if (group_->size() == 1 && group_->faults() == nullptr) return request(worker_->run_now_or_submit(std::move(task)));
     return request(worker_->submit(std::move(task)));

@@ -124,22 +124,7 @@ class device_cache {
   /// The device block holding chunk `chunk`, its bytes ready. The chunk stays put until the matching release.
   void* acquire(std::uint32_t chunk) {
     check_chunk(chunk, "acquire");
-    ++stats_.accesses;
-    follow_order(chunk);
-    std::int32_t b = chunk_block_[chunk];
-    if (b != no_block) {
-      ++stats_.hits;
-    } else {
-      ++stats_.misses;
-      b = take_block(chunk, /*for_prefetch=*/false);
-      if (b == no_block)
-        detail::raise(error_code::out_of_memory,
-                      "device_cache: acquire of chunk " + std::to_string(chunk) + " needs a block, but all " +
-                          std::to_string(blocks_.size()) + " device blocks (" +
-                          format_bytes(blocks_.size() * options_.chunk_bytes) +
-                          ") hold acquired or pinned chunks; release one or raise the block count");
-      load(chunk, b);
-    }
+    const std::int32_t b = map_for_access(chunk);
     auto& slot = blocks_[static_cast<std::size_t>(b)];
     ++slot.acquired;  // before the wait: a prefetch below must not take this block
     slot.last_use = ++tick_;
@@ -152,6 +137,23 @@ class device_cache {
     }
     prefetch();
     return slot.memory;
+  }
+
+  /// Acquires `chunk` like acquire() but returns at once with its block and the fetch that fills it (complete when
+  /// the block already held the chunk): for a consumer that orders itself after the fetch instead of waiting here
+  /// (a collective gather prefetched from the block). The acquire counts as the chunk's access in the profiled order.
+  struct lent_block {
+    void* memory = nullptr;
+    transfer_type filled{};
+  };
+  lent_block acquire_ahead(std::uint32_t chunk) {
+    check_chunk(chunk, "acquire_ahead");
+    const std::int32_t b = map_for_access(chunk);
+    auto& slot = blocks_[static_cast<std::size_t>(b)];
+    ++slot.acquired;
+    slot.last_use = ++tick_;
+    prefetch();
+    return {slot.memory, slot.fetch};
   }
 
   /// Ends one acquire of `chunk`; `dirty` when its bytes changed (they are written back on eviction or flush).
@@ -267,6 +269,29 @@ class device_cache {
       }
     }
     blocks_.clear();
+  }
+
+  // One access of `chunk` in the profiled order: its block, mapped and its fetch issued on a miss.
+  std::int32_t map_for_access(std::uint32_t chunk) {
+    ++stats_.accesses;
+    follow_order(chunk);
+    std::int32_t b = chunk_block_[chunk];
+    if (b != no_block) {
+      ++stats_.hits;
+      return b;
+    }
+    ++stats_.misses;
+    b = take_block(chunk, /*for_prefetch=*/false);
+    if (b == no_block) raise_no_block(chunk);
+    load(chunk, b);
+    return b;
+  }
+  [[noreturn]] void raise_no_block(std::uint32_t chunk) const {
+    detail::raise(error_code::out_of_memory,
+                  "device_cache: acquire of chunk " + std::to_string(chunk) + " needs a block, but all " +
+                      std::to_string(blocks_.size()) + " device blocks (" +
+                      format_bytes(blocks_.size() * options_.chunk_bytes) +
+                      ") hold acquired or pinned chunks; release one or raise the block count");
   }
 
   // Advances the cursor past this access; a departure re-synchronises at the chunk's next profiled use.

@@ -20,12 +20,14 @@
 #include <chunkwise/runtime/detail/streamed_homes.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
+#include <chunkwise/tier/transfer_engine.hpp>
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chunkwise::inline CHUNKWISE_ABI {
@@ -105,6 +107,19 @@ class home_storage {
   void release(std::uint32_t c) {
     if (streamed(c)) streamed_->release(local(c));
   }
+  /// acquire(c) that does not wait for a cache block's fetch: the device copy and the fetch that fills it (complete
+  /// for a resident chunk), for a consumer that orders itself after it; release(c) once that consumer is done.
+  struct lent_home {
+    std::byte* data = nullptr;
+    transfer<Backend> filled{};
+  };
+  lent_home acquire_ahead(std::uint32_t c) {
+    if (!streamed(c)) return {residents_[c].param.template data<std::byte>(), {}};
+    auto [data, filled] = streamed_->acquire_ahead(local(c));
+    return {data, std::move(filled)};
+  }
+  /// The device cache's blocks (0 when every chunk is resident): how many streamed chunks can be held at once.
+  [[nodiscard]] std::size_t cache_blocks() const noexcept { return streamed_ ? streamed_->blocks() : 0; }
 
   /// Before chunk c's home changes (an optimizer update, a checkpoint load): drops a cached device copy. On the
   /// thread that acquires and releases. `changed`: the completion of a change that runs on another thread; the
@@ -166,6 +181,8 @@ class home_storage {
     std::size_t chunks() const noexcept { return 0; }
     std::byte* acquire(std::uint32_t) { return nullptr; }
     void release(std::uint32_t) {}
+    std::pair<std::byte*, transfer<Backend>> acquire_ahead(std::uint32_t) { return {}; }
+    std::size_t blocks() const noexcept { return 0; }
     void invalidate(std::uint32_t, std::shared_ptr<completion>) {}
     template <class F> void update(std::uint32_t, F&&) {}
     template <class F> void update_async(std::uint32_t, F&&, std::shared_ptr<completion>) {}

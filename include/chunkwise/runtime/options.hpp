@@ -21,6 +21,7 @@ struct runtime_traffic {
   byte_count reduced = 0;
   byte_count published = 0;
   byte_count fetched = 0;  // streamed chunks: home -> device through the cache
+  std::uint64_t gathers_ahead = 0;  // parameter gathers started passes ahead of their use (a count, not bytes)
   [[nodiscard]] constexpr byte_count total() const noexcept { return gathered + reduced + published + fetched; }
 };
 

@@ -2,8 +2,8 @@
 // parameter_fetches: how a chunk's working parameters reach the compute and leave it. The home storage lends its
 // device copy (the home itself, or a cache block fetched ahead along the profiled order); when the collective shards
 // parameters (ZeRO-3, hybrid) this rank's shard is all-gathered into a full-chunk device buffer, prefetch_depth passes
-// ahead of its use, and dropped after it. The chunk's record holds the gather in flight (`fetching`) and what the
-// trainer reads (`compute`).
+// ahead of its use (a streamed home's block too: the gather waits for the block's fetch where it runs), and dropped
+// after it. The chunk's record holds the gather in flight (`fetching`) and what the trainer reads (`compute`).
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/bytes.hpp>
@@ -15,20 +15,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 namespace chunkwise {
 
-template <class Collective, communicator Comm, class Homes, class Gradients, class DeviceTier>
+template <class Collective, communicator Comm, class Homes, class Gradients>
 class parameter_fetches {
  public:
   using record = chunk_record<Comm>;
 
-  parameter_fetches(chunk_collectives<Collective, Comm>& ops, Homes& homes, Gradients& gradients, DeviceTier& device,
+  parameter_fetches(chunk_collectives<Collective, Comm>& ops, Homes& homes, Gradients& gradients,
                     std::vector<record>& chunks, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
                     std::size_t prefetch_depth, dtype type)
-      : ops_(&ops), homes_(&homes), gradients_(&gradients), device_(&device), chunks_(&chunks),
+      : ops_(&ops), homes_(&homes), gradients_(&gradients), chunks_(&chunks),
         pass_chunks_(&pass_chunks), prefetch_depth_(prefetch_depth), type_(type) {}
   parameter_fetches(const parameter_fetches&) = delete;
   parameter_fetches& operator=(const parameter_fetches&) = delete;
@@ -43,29 +44,41 @@ class parameter_fetches {
 
   [[nodiscard]] std::size_t prefetch_depth() const noexcept { return prefetch_depth_; }
   [[nodiscard]] byte_count gathered_bytes() const noexcept { return gathered_bytes_; }
+  /// Gathers started ahead of their pass (prefetch_depth passes along the profiled order).
+  [[nodiscard]] std::uint64_t gathers_ahead() const noexcept { return gathers_ahead_; }
 
   /// released -> fetching: the home's device copy, gathered into the full chunk when the collective shards
-  /// parameters. The gather's buffer may make room by completing reductions (`reduced` hands them on); a prefetch
-  /// skips a chunk the device tier has no room for now.
+  /// parameters. The gather's buffer may make room by completing reductions (`reduced` hands them on), a prefetch
+  /// too: whether a prefetch fits must not depend on which reductions happened to finish (timing differs between
+  /// ranks, and every rank must issue the same gathers in the same order), so it waits for reductions until its buffer
+  /// fits or none is left, and is skipped only then. A prefetch takes a streamed home's cache block without waiting
+  /// for its fetch: the gather waits for it where it runs.
   template <class Reduced>
   void start(record& b, bool prefetch, Reduced&& reduced) {
     if constexpr (Collective::shards_parameters) {
       detail::tier_buffer full;
-      if (!prefetch) full = gradients_->device_buffer(b.full_elements, reduced);
-      else {
-        try {
-          full = detail::tier_buffer(*device_, b.full_elements, type_);
-        } catch (const error& e) {
-          if (e.code() == error_code::out_of_memory) return;
-          throw;
-        }
+      try {
+        full = gradients_->device_buffer(b.full_elements, reduced);
+      } catch (const error& e) {
+        if (!prefetch || e.code() != error_code::out_of_memory) throw;
+        return;
       }
       b.life.start_fetch();
-      const std::byte* home = lend_home(b);
+      std::function<void()> home_ready;
+      const std::byte* home = nullptr;
+      if (prefetch) {
+        auto lent = homes_->acquire_ahead(b.index);
+        b.home_held = homes_->streamed(b.index);
+        home = lent.data;
+        if (!lent.filled.ready()) home_ready = [filled = std::move(lent.filled)] { filled.wait(); };
+        ++gathers_ahead_;
+      } else {
+        home = lend_home(b);
+      }
       b.full = std::move(full);
       visit_element(type_, "runtime", [&]<class T>(T) {
         b.fetch = ops_->template gather_params<T>(std::span<const T>(reinterpret_cast<const T*>(home), b.home_elements),
-                                                  b.full.template span<T>());
+                                                  b.full.template span<T>(), std::move(home_ready));
       });
       gathered_bytes_ += (b.full_elements - b.home_elements) * size_of(type_);
       b.compute = b.full.template data<std::byte>();
@@ -81,15 +94,24 @@ class parameter_fetches {
     if constexpr (Collective::shards_parameters) return_home(b);
     b.life.arrived();
   }
-  /// Gathers for the chunks of passes [first, first + prefetch_depth) ahead of their use (resident homes; a streamed
-  /// home's block is taken at its acquire, so the cache's own prefetch along the order stays in charge of it).
+  /// Gathers for the chunks of passes [first, first + prefetch_depth) ahead of their use. A streamed chunk's gather
+  /// holds its cache block until the chunk's acquire: prefetches leave one block free for the acquires on demand.
   template <class Reduced>
   void prefetch(std::size_t first, Reduced&& reduced) {
-    if constexpr (Collective::shards_parameters)
+    if constexpr (Collective::shards_parameters) {
+      std::size_t held = 0;
+      for (const auto& b : *chunks_) held += b.home_held ? 1 : 0;
       for (std::size_t p = first; p < std::min(first + prefetch_depth_, pass_chunks_->size()); ++p)
-        for (const auto c : (*pass_chunks_)[p])
-          if ((*chunks_)[c].life.state() == chunk_state::released && !homes_->streamed(c))
-            start((*chunks_)[c], /*prefetch=*/true, reduced);
+        for (const auto c : (*pass_chunks_)[p]) {
+          auto& b = (*chunks_)[c];
+          if (b.life.state() != chunk_state::released) continue;
+          if (homes_->streamed(c)) {
+            if (held + 1 >= homes_->cache_blocks()) continue;
+            ++held;
+          }
+          start(b, /*prefetch=*/true, reduced);
+        }
+    }
   }
   /// Prefetched gathers complete and are dropped (before the homes change outside a step).
   void settle() {
@@ -140,12 +162,12 @@ class parameter_fetches {
   chunk_collectives<Collective, Comm>* ops_;
   Homes* homes_;
   Gradients* gradients_;
-  DeviceTier* device_;
   std::vector<record>* chunks_;
   const std::vector<std::vector<std::uint32_t>>* pass_chunks_;
   std::size_t prefetch_depth_;
   dtype type_;
   byte_count gathered_bytes_ = 0;
+  std::uint64_t gathers_ahead_ = 0;
 };
 
 }  // namespace chunkwise

@@ -75,7 +75,7 @@ class runtime {
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
         gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches, type_),
-        fetches_(ops_, homes_, gradients_, device_, chunks_, pass_chunks_, options.prefetch_depth, type_),
+        fetches_(ops_, homes_, gradients_, chunks_, pass_chunks_, options.prefetch_depth, type_),
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
                     options.loss_scaling},
                    ops_, homes_, chunks_) {
@@ -200,7 +200,7 @@ class runtime {
 
   [[nodiscard]] runtime_traffic traffic() const {
     return {fetches_.gathered_bytes(), gradients_.bytes_reduced(), optimizer_.bytes_published(),
-            cache_stats().bytes_home_to_device};
+            cache_stats().bytes_home_to_device, fetches_.gathers_ahead()};
   }
   /// The device cache of streamed chunks: hits, misses, prefetches, bytes moved, time acquire stalled (all zero when
   /// every chunk is resident).
@@ -290,7 +290,7 @@ class runtime {
   std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
   homes_type homes_;                // after the records (its layout comes from them)
   gradients_type gradients_;
-  parameter_fetches<collective, Comm, homes_type, gradients_type, device_tier> fetches_;
+  parameter_fetches<collective, Comm, homes_type, gradients_type> fetches_;
   optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
   std::uint64_t steps_ = 0;
 };

@@ -3,6 +3,7 @@
 // ZeRO-Infinity's and LoHan's out-of-core steps are: while one chunk's AdamW runs on its pinned scratch copy, the
 // next chunk's blocks are read into another and the previous chunk's written back from a third, on one I/O thread.
 // A step of n chunks then costs about max(n * (read + write), n * update) instead of n * (read + update + write).
+// In bf16/fp16 an update that owns the chunk's whole home does not read its working block (it rewrites it).
 //
 //   prepare(c)   reads chunk c's blocks ahead of its update, when a scratch set is free (any thread; the caller
 //                knows the order: the optimizer stage prepares each chunk when its gradient is reduced, or the next
@@ -27,6 +28,7 @@
 #include <chunkwise/tier/pinned_host.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <future>
 #include <memory>
@@ -153,14 +155,19 @@ class nvme_update_pipeline {
   };
 
   // Reads (or writes back) chunk c's blocks into (from) a scratch set: working parameters, master weights when
-  // separate, the moments.
-  void transfer(scratch& s, std::uint32_t c, bool write) {
+  // separate, the moments. `for_update`: a read for the optimizer, which in bf16/fp16 rewrites every working element
+  // it owns from the master weights: when it owns the whole home (replicated, ZeRO-3) the working block is not read
+  // (each home block is then read once per step, by the cache's fetch) but zeroed, as the padding past the last
+  // tensor is on disk.
+  void transfer(scratch& s, std::uint32_t c, bool write, bool for_update = false) {
     const auto& h = chunks_[c];
     const auto move = [&](nvme_block block, tier_buffer& buffer, byte_count bytes) {
       if (write) store_->write(block, buffer.data<std::byte>(), bytes);
       else store_->read(block, buffer.data<std::byte>(), bytes);
     };
-    move(h.param, s.param, param_bytes_);
+    const bool rewritten = type_ != dtype::fp32 && h.owned_offset == 0 && h.state_elements == h.param_elements;
+    if (!write && for_update && rewritten) std::memset(s.param.data<std::byte>(), 0, param_bytes_);
+    else move(h.param, s.param, param_bytes_);
     if (type_ != dtype::fp32) move(h.master, s.master, state_bytes_);
     move(h.moment1, s.moment1, state_bytes_);
     move(h.moment2, s.moment2, state_bytes_);
@@ -189,7 +196,8 @@ class nvme_update_pipeline {
   void start_read(scratch& s, std::uint32_t c) {
     s.state = scratch::reading;
     s.chunk = c;
-    s.io = io_.submit(std::packaged_task<void()>([this, &s, c] { transfer(s, c, /*write=*/false); }));
+    s.io = io_.submit(
+        std::packaged_task<void()>([this, &s, c] { transfer(s, c, /*write=*/false, /*for_update=*/true); }));
   }
   // The set chunk c's update runs on: its read ahead, or a set read now (an idle or writing one, or one that read
   // ahead for another chunk: dropped, it changed nothing).

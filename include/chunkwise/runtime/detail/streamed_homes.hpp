@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
@@ -126,6 +127,14 @@ class streamed_homes {
   /// The device copy of chunk c's working parameters (param_elements[c] elements), until release(c).
   std::byte* acquire(std::uint32_t c) { return static_cast<std::byte*>(cache_->acquire(c)); }
   void release(std::uint32_t c) { cache_->release(c); }
+  /// acquire(c) without waiting for the block's fetch: its memory and the fetch, for a consumer that orders itself
+  /// after it (a gather prefetched from the block); release(c) after the consumer is done.
+  std::pair<std::byte*, typename engine_type::transfer_type> acquire_ahead(std::uint32_t c) {
+    auto lent = cache_->acquire_ahead(c);
+    return {static_cast<std::byte*>(lent.memory), std::move(lent.filled)};
+  }
+  /// The device blocks of the cache.
+  [[nodiscard]] std::size_t blocks() const noexcept { return cache_->options().blocks; }
 
   /// Drops chunk c's cached copy before its home changes (on the thread that acquires and releases); `changed`: the
   /// completion of a change running elsewhere, which every later fetch of the chunk waits for.
