@@ -3,6 +3,7 @@
 // and the data loader serves what it promises.
 #include "data_loader.hpp"
 #include "gpt2_model.hpp"
+#include "llmc_files.hpp"
 #include "reference_trainer.hpp"
 
 #include <chunkwise/profile/gpt2.hpp>
@@ -468,4 +469,113 @@ TEST_CASE("a token outside the vocabulary is refused, not read past the embeddin
   tokens[5] = 65;
   targets[7] = -1;
   CHECK_THROWS_AS(trainer.forward(tokens.data(), targets.data()), chunkwise::error);
+}
+
+TEST_CASE("a vocabulary padded as llm.c pads it computes the same loss and gradients; the padded rows get none") {
+  auto padded = tiny_config();
+  padded.padded_vocab = 384;
+  CHECK(gpt2::llmc_padded_vocab(50257) == 50304);
+  CHECK(gpt2::parameter_tensors(padded)[gpt2::wte_index].elements == 384 * padded.channels);
+  gpt2::reference_trainer plain(tiny_config(), 5), wide(padded, 5);
+  // The same real parameters; the padded rows of wte hold whatever they hold (llm.c's are zeros, ours random).
+  for (std::size_t t = 0; t < plain.tensors().size(); ++t)
+    std::copy(plain.parameter(t).begin(), plain.parameter(t).end(), wide.parameter(t).begin());
+  auto loader = tiny_loader(gpt2::data_split::train);
+  loader.next_batch();
+  plain.zero_gradients();
+  wide.zero_gradients();
+  const float loss = plain.forward(loader.tokens().data(), loader.targets().data());
+  CHECK(wide.forward(loader.tokens().data(), loader.targets().data()) == loss);
+  plain.backward(loader.tokens().data(), loader.targets().data());
+  wide.backward(loader.tokens().data(), loader.targets().data());
+  for (std::size_t t = 0; t < plain.tensors().size(); ++t) {
+    CAPTURE(plain.tensors()[t].name);
+    const auto a = plain.gradient(t), b = wide.gradient(t);
+    CHECK(std::equal(a.begin(), a.end(), b.begin()));
+  }
+  const auto d_wte = wide.gradient(gpt2::wte_index);
+  CHECK(std::all_of(d_wte.begin() + static_cast<std::ptrdiff_t>(256 * padded.channels), d_wte.end(),
+                    [](float g) { return g == 0.0f; }));
+}
+
+TEST_CASE("llm.c checkpoints: written and read back, fp32 exactly, bf16 rounded, any mismatch refused") {
+  auto config = tiny_config();
+  config.padded_vocab = 384;
+  gpt2::reference_trainer trainer(config, 9);
+  std::vector<std::vector<float>> tensors;
+  for (std::size_t t = 0; t < trainer.tensors().size(); ++t)
+    tensors.emplace_back(trainer.parameter(t).begin(), trainer.parameter(t).end());
+  const auto path = std::filesystem::temp_directory_path() / ("chunkwise-llmc-" + std::to_string(::getpid()) + ".bin");
+  SUBCASE("version 3 (fp32): the header and every value") {
+    gpt2::llmc::write_checkpoint(path, config, tensors, 3);
+    const std::size_t floats = config.parameter_count();
+    CHECK(std::filesystem::file_size(path) == 1024 + 4 * floats);
+    const auto shape = gpt2::llmc::read_checkpoint_shape(path);
+    CHECK(shape.version == 3);
+    CHECK(shape.max_context == config.context);
+    CHECK(shape.vocab == 256);
+    CHECK(shape.padded_vocab == 384);
+    CHECK(shape.layers == config.layers);
+    CHECK(shape.heads == config.heads);
+    CHECK(shape.channels == config.channels);
+    CHECK(gpt2::llmc::read_checkpoint(path, config) == tensors);
+    // llm.c's order, by kind across layers: after wte and wpe come both layers' ln_1.weight, then both ln_1.bias.
+    std::ifstream file(path, std::ios::binary);
+    std::vector<float> all(floats);
+    file.seekg(1024);
+    file.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(4 * floats));
+    const std::size_t ln1w = 384 * config.channels + config.context * config.channels;
+    const auto& layer1_ln1w = tensors[gpt2::layer_tensor_index(1, gpt2::ln_1_weight)];
+    CHECK(std::equal(layer1_ln1w.begin(), layer1_ln1w.end(), all.begin() + static_cast<std::ptrdiff_t>(ln1w + config.channels)));
+    // A shorter context takes wpe's first rows.
+    auto shorter = config;
+    shorter.context = 8;
+    const auto cut = gpt2::llmc::read_checkpoint(path, shorter);
+    CHECK(std::equal(cut[gpt2::wpe_index].begin(), cut[gpt2::wpe_index].end(), tensors[gpt2::wpe_index].begin()));
+  }
+  SUBCASE("version 5 (bf16): each value rounded to nearest even") {
+    gpt2::llmc::write_checkpoint(path, config, tensors, 5);
+    CHECK(std::filesystem::file_size(path) == 1024 + 2 * config.parameter_count());
+    const auto read = gpt2::llmc::read_checkpoint(path, config);
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      for (std::size_t i = 0; i < tensors[t].size(); ++i)
+        if (read[t][i] != chunkwise::to_float(chunkwise::to_bf16(tensors[t][i]))) FAIL_CHECK(t << " " << i);
+  }
+  SUBCASE("mismatches and damaged files are refused, naming what differs") {
+    gpt2::llmc::write_checkpoint(path, config, tensors, 3);
+    auto other = config;
+    other.layers = 3;
+    CHECK_THROWS_WITH_AS(gpt2::llmc::read_checkpoint(path, other), doctest::Contains("L (layers) is 2 in the file, 3"),
+                         chunkwise::error);
+    auto longer = config;
+    longer.context = 32;
+    CHECK_THROWS_WITH_AS(gpt2::llmc::read_checkpoint(path, longer), doctest::Contains("longer than the checkpoint's maxT 16"),
+                         chunkwise::error);
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+    CHECK_THROWS_WITH_AS(gpt2::llmc::read_checkpoint(path, config), doctest::Contains("a truncated or different file"),
+                         chunkwise::error);
+    const std::vector<int> some_tokens{1, 2, 3};
+    gpt2::llmc::write_tokens(path, some_tokens);
+    CHECK_THROWS_WITH_AS(gpt2::llmc::read_checkpoint_shape(path), doctest::Contains("pass it to --data"), chunkwise::error);
+    CHECK_THROWS_WITH_AS(gpt2::llmc::write_checkpoint(path, config, tensors, 4), doctest::Contains("version 4"),
+                         chunkwise::error);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("llm.c token shards: read back, served by the data loader, tokens past the vocabulary refused") {
+  const auto path = std::filesystem::temp_directory_path() / ("chunkwise-shard-" + std::to_string(::getpid()) + ".bin");
+  std::vector<int> tokens(400);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>((i * 7919) % 50257);
+  gpt2::llmc::write_tokens(path, tokens);
+  CHECK(std::filesystem::file_size(path) == 1024 + 2 * tokens.size());
+  CHECK(gpt2::llmc::is_token_shard(path));
+  CHECK(gpt2::llmc::read_tokens(path, 50257) == tokens);
+  // The loader's validation split is the last 10%: its first window is tokens[360..368].
+  gpt2::data_loader validation(path, gpt2::data_split::validation, 1, 8, 0, 50257);
+  validation.next_batch();
+  CHECK(std::equal(validation.tokens().begin(), validation.tokens().end(), tokens.begin() + 360));
+  CHECK(std::equal(validation.targets().begin(), validation.targets().end(), tokens.begin() + 361));
+  CHECK_THROWS_WITH_AS(gpt2::llmc::read_tokens(path, 256), doctest::Contains("--vocab 50257"), chunkwise::error);
+  std::filesystem::remove(path);
 }

@@ -16,6 +16,7 @@
 #include "chunked_trainer.hpp"
 #include "data_loader.hpp"
 #include "gpt2_model.hpp"
+#include "llmc_files.hpp"
 #include "reference_trainer.hpp"
 
 #include <cmath>
@@ -62,6 +63,7 @@ struct run_options {
   std::size_t* chunks = nullptr;    // rank 0's chunk count and streamed chunks
   std::size_t* streamed = nullptr;
   dtype type = dtype::fp32;  // the chunks' parameters and gradients (bf16: fp32 master weights and moments)
+  const std::vector<std::vector<float>>* initial = nullptr;  // initial parameters per tensor (else the seed's)
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
@@ -96,10 +98,11 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         options.device_blocks = run.device_blocks;
         if (!run.nvme_directory.empty()) options.nvme_directory = run.nvme_directory;
         if (run.micro_batches > 0) options.handover = gradient_handover::explicit_calls;
-        runtime<Plan, host_backend, thread_comm> rt(
-            model, comm,
-            gpt2::initializer(config, seed),
-            options);
+        const tensor_initializer initialize =
+            run.initial == nullptr ? gpt2::initializer(config, seed) : [&run](std::uint32_t t, std::span<float> values) {
+              std::copy((*run.initial)[t].begin(), (*run.initial)[t].end(), values.begin());
+            };
+        runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, options);
         gpt2::activations<float> acts(config);
         fp32_compute compute(rt);
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
@@ -155,9 +158,13 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
 /// The plain trainer (no chunkwise): each rank's micro-batches through the same pass functions, accumulating its own
 /// gradients, then averaged as the communicator does (fp32 sums in rank order, divided once; hybrid<G>: the mean over groups of
 /// the group means), then the same AdamW.
-std::vector<std::vector<float>> reference(int ranks, int group = 0, int micro_batches = 1) {
+std::vector<std::vector<float>> reference(int ranks, int group = 0, int micro_batches = 1,
+                                          const std::vector<std::vector<float>>* initial = nullptr) {
   const auto config = tiny(1);
   gpt2::reference_trainer trainer(config, seed);
+  if (initial != nullptr)
+    for (std::size_t t = 0; t < initial->size(); ++t)
+      std::copy((*initial)[t].begin(), (*initial)[t].end(), trainer.parameter(t).begin());
   gpt2::data_loader loader(gpt2::default_data_file, gpt2::data_split::train,
                            static_cast<std::size_t>(ranks * micro_batches), config.context, seed);
   const std::size_t tensors = trainer.tensors().size();
@@ -523,4 +530,24 @@ TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameter
       }
     });
   std::filesystem::remove_all(nvme);
+}
+
+TEST_CASE("training from an imported llm.c checkpoint equals the reference trainer started from the same file") {
+  // Parameters unlike the seed's (another seed's initialisation), written as llm.c writes them and read back.
+  gpt2::reference_trainer other(tiny(1), 4242);
+  std::vector<std::vector<float>> written;
+  for (std::size_t t = 0; t < other.tensors().size(); ++t)
+    written.emplace_back(other.parameter(t).begin(), other.parameter(t).end());
+  const auto file = std::filesystem::temp_directory_path() / ("chunkwise-import-" + std::to_string(::getpid()) + ".bin");
+  gpt2::llmc::write_checkpoint(file, tiny(1), written, 3);
+  const auto imported = gpt2::llmc::read_checkpoint(file, tiny(1));
+  std::filesystem::remove(file);
+  REQUIRE(imported == written);
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    const auto expected = reference(ranks, 0, 1, &imported);
+    check_equal(train<zero3_plan>(ranks, {.initial = &imported}).first, expected);
+    // Not the seed's run: the import took effect.
+    CHECK(expected != reference(ranks));
+  }
 }

@@ -57,7 +57,7 @@ inline chunkwise::model_profile trace_profile(const model_config& config, chunkw
   for (const auto& tensor : parameter_tensors(config))
     handles.push_back(trace.register_tensor(tensor.name, tensor.elements, {type, tensor_role::parameter,
                                                                            tensor.name == "wte"}));
-  const std::uint64_t B = config.batch, T = config.context, C = config.channels, V = config.vocab, H = config.heads;
+  const std::uint64_t B = config.batch, T = config.context, C = config.channels, V = config.vocab_rows(), H = config.heads;
   const byte_count f = sizeof(float);
   const byte_count layer_bytes = (B * T * (18 * C + 4) + 2 * B * H * T * T) * f;
   const std::uint64_t layer_flops = 2 * B * T * 12 * C * C + 4 * B * T * T * C, head_flops = 2 * B * T * C * V;

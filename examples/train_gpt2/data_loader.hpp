@@ -1,12 +1,13 @@
 #pragma once
-// Batches for the example trainer: a text file read as bytes, each byte a token (vocabulary 256), split into a
-// training part (the first 90%) and a validation part (the last 10%).
+// Batches for the example trainer: an llm.c token shard (llmc_files.hpp), or any other file read as bytes, each byte
+// a token (vocabulary 256), split into a training part (the first 90%) and a validation part (the last 10%).
 //
 // A split is cut into windows of T + 1 tokens starting every T tokens (window k covers tokens [k T, k T + T], so
 // consecutive windows share one token); a batch is B windows, its tokens the first T of each window and its targets
 // the last T (the next token at every position). The training split visits its windows in an order shuffled anew
 // for every epoch by a generator seeded once (the same seed gives the same batches on every machine); the
 // validation split visits them in file order, so an evaluation over its first N batches is always the same text.
+#include "llmc_files.hpp"
 #include "random.hpp"
 
 #include <chunkwise/core/error.hpp>
@@ -54,13 +55,13 @@ class data_loader {
   /// chunkwise::error: io_error when the file cannot be read, invalid_argument when the split is shorter than one
   /// window or batch or context is 0.
   data_loader(const std::filesystem::path& path, data_split split, std::size_t batch, std::size_t context,
-              std::uint64_t seed = 0)
+              std::uint64_t seed = 0, std::size_t vocab = 256)
       : batch_(batch), context_(context), shuffled_(split == data_split::train), seed_(seed), rng_(seed) {
     if (batch == 0 || context == 0)
       throw chunkwise::error(chunkwise::error_code::invalid_argument,
                              "gpt2 data_loader: batch (" + std::to_string(batch) + ") and context (" +
                                  std::to_string(context) + ") must be positive");
-    std::vector<int> all = read_byte_tokens(path);
+    std::vector<int> all = llmc::is_token_shard(path) ? llmc::read_tokens(path, vocab) : read_byte_tokens(path);
     const std::size_t validation_size = all.size() / 10;
     const std::size_t train_size = all.size() - validation_size;
     if (shuffled_)

@@ -57,11 +57,16 @@ struct model_config {
   std::size_t heads = 4;       // NH: C must be a multiple of it
   std::size_t layers = 4;      // L
   std::size_t batch = 4;       // B: sequences per step
+  std::size_t padded_vocab = 0;  // Vp: rows of wte and of the logits (llm.c pads V to a multiple of 128; 0: V)
 
-  /// V*C + T*C + L*(12*C^2 + 13*C) + 2*C, as chunkwise::gpt2_config::parameter_count().
+  /// Rows of wte and of the logits: Vp when padded, else V. The padded rows are never a target: their logits are
+  /// computed and ignored, as in llm.c, so they get no gradient.
+  [[nodiscard]] std::size_t vocab_rows() const noexcept { return padded_vocab != 0 ? padded_vocab : vocab; }
+
+  /// Vp*C + T*C + L*(12*C^2 + 13*C) + 2*C, as chunkwise::gpt2_config::parameter_count().
   [[nodiscard]] std::size_t parameter_count() const noexcept {
     const std::size_t c = channels;
-    return vocab * c + context * c + layers * (12 * c * c + 13 * c) + 2 * c;
+    return vocab_rows() * c + context * c + layers * (12 * c * c + 13 * c) + 2 * c;
   }
 };
 
@@ -79,7 +84,14 @@ inline void validate(const model_config& config) {
     throw error(error_code::invalid_argument, "gpt2 model_config: channels " + std::to_string(config.channels) +
                                                   " is not divisible by heads " + std::to_string(config.heads) +
                                                   "; pick heads among the divisors of channels");
+  if (config.padded_vocab != 0 && config.padded_vocab < config.vocab)
+    throw error(error_code::invalid_argument, "gpt2 model_config: padded_vocab " +
+                                                  std::to_string(config.padded_vocab) + " is below vocab " +
+                                                  std::to_string(config.vocab) + "; it pads the vocabulary, or is 0");
 }
+
+/// llm.c's padding of the vocabulary: up to a multiple of 128 (50257 -> 50304), so the head's products tile well.
+constexpr std::size_t llmc_padded_vocab(std::size_t vocab) noexcept { return (vocab + 127) / 128 * 128; }
 
 /// The same model for chunkwise's planner: gpt2_profile(profile_config(config)) is this model's profile.
 inline chunkwise::gpt2_config profile_config(const model_config& config) {
@@ -88,7 +100,7 @@ inline chunkwise::gpt2_config profile_config(const model_config& config) {
   profile.layers = static_cast<std::uint32_t>(config.layers);
   profile.d_model = static_cast<std::uint32_t>(config.channels);
   profile.heads = static_cast<std::uint32_t>(config.heads);
-  profile.vocab = static_cast<std::uint32_t>(config.vocab);
+  profile.vocab = static_cast<std::uint32_t>(config.vocab_rows());
   profile.context = static_cast<std::uint32_t>(config.context);
   profile.micro_batch = static_cast<std::uint32_t>(config.batch);
   profile.type = chunkwise::dtype::fp32;
@@ -142,7 +154,7 @@ inline std::vector<parameter_tensor> parameter_tensors(const model_config& confi
   const std::size_t c = config.channels;
   std::vector<parameter_tensor> tensors;
   tensors.reserve(4 + config.layers * layer_tensor_count);
-  tensors.push_back({"wte", config.vocab * c});
+  tensors.push_back({"wte", config.vocab_rows() * c});
   tensors.push_back({"wpe", config.context * c});
   const auto sizes = layer_tensor_sizes(config);
   for (std::size_t l = 0; l < config.layers; ++l)
@@ -173,7 +185,8 @@ struct layer_grads {
 template <class Real>
 struct activations {
   explicit activations(const model_config& config)
-      : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab) {
+      : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
+        Vp(config.vocab_rows()) {
     validate(config);
     const std::size_t BT = B * T, BTC = B * T * C;
     auto sized = [](std::size_t n) { return std::vector<Real>(n, Real(0)); };
@@ -185,17 +198,17 @@ struct activations {
     ln2 = sized(L * BTC), ln2_mean = sized(L * BT), ln2_rstd = sized(L * BT);
     fch = sized(L * BTC * 4), fch_gelu = sized(L * BTC * 4), fcproj = sized(L * BTC), residual3 = sized(L * BTC);
     lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
-    logits = sized(BT * V), probs = sized(BT * V), losses = sized(BT);
+    logits = sized(BT * Vp), probs = sized(BT * Vp), losses = sized(BT);
 
     dresidual = sized((L + 1) * BTC);
     dln1 = sized(BTC), dqkv = sized(BTC * 3), datty = sized(BTC);
     dpreatt = sized(B * NH * T * T), datt = sized(B * NH * T * T);
     dattproj = sized(BTC), dresidual2 = sized(BTC), dln2 = sized(BTC);
     dfch = sized(BTC * 4), dfch_gelu = sized(BTC * 4), dfcproj = sized(BTC);
-    dlnf = sized(BTC), dlogits = sized(BT * V);
+    dlnf = sized(BTC), dlogits = sized(BT * Vp);
   }
 
-  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*V + B*T,
+  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
   /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp).
   [[nodiscard]] std::size_t saved_elements() const noexcept {
     std::size_t n = 0;
@@ -206,7 +219,7 @@ struct activations {
     return n;
   }
 
-  std::size_t B, T, C, NH, L, V;
+  std::size_t B, T, C, NH, L, V, Vp;  // V: tokens; Vp: rows of wte and the logits (V, or llm.c's padding)
 
   // Forward. Per-layer buffers hold all L layers; layer l's slice starts at l times the slice size.
   std::vector<Real> encoded;                  // (B, T, C)       token + position embedding: the input of layer 0
@@ -221,7 +234,7 @@ struct activations {
   std::vector<Real> fcproj;                   // (L, B, T, C)
   std::vector<Real> residual3;                // (L, B, T, C)    output of layer l, the input of layer l + 1
   std::vector<Real> lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T), (B, T)
-  std::vector<Real> logits, probs;            // (B, T, V)
+  std::vector<Real> logits, probs;            // (B, T, Vp), the padded columns' probabilities 0
   std::vector<Real> losses;                   // (B, T)          cross-entropy of each position
 
   // Backward: gradients of the mean loss with respect to activations.
@@ -513,14 +526,15 @@ void residual_backward(Real* dinp1, Real* dinp2, const Real* dout, std::size_t N
   }
 }
 
-// probs[b,t,:] = softmax(logits[b,t,:]) over the V tokens.
+// probs[b,t,:V] = softmax(logits[b,t,:V]) over the V tokens; rows have Vp >= V columns, the padded ones' probs 0.
 template <class Real>
-void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t T, std::size_t V) {
+void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t T, std::size_t V, std::size_t Vp) {
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
-      const Real* logits_bt = logits + (b * T + t) * V;
-      Real* probs_bt = probs + (b * T + t) * V;
+      const Real* logits_bt = logits + (b * T + t) * Vp;
+      Real* probs_bt = probs + (b * T + t) * Vp;
+      std::fill(probs_bt + V, probs_bt + Vp, Real(0));
       Real maxval = -std::numeric_limits<Real>::infinity();
       for (std::size_t i = 0; i < V; ++i) maxval = std::max(maxval, logits_bt[i]);
       Real sum = 0;
@@ -532,24 +546,24 @@ void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t
     }
 }
 
-// losses[b,t] = -log probs[b,t,target[b,t]]
+// losses[b,t] = -log probs[b,t,target[b,t]] (rows of Vp columns)
 template <class Real>
 void crossentropy_forward(Real* losses, const Real* probs, const int* targets, std::size_t B, std::size_t T,
-                          std::size_t V) {
+                          std::size_t Vp) {
   for (std::size_t bt = 0; bt < B * T; ++bt)
-    losses[bt] = -std::log(probs[bt * V + static_cast<std::size_t>(targets[bt])]);
+    losses[bt] = -std::log(probs[bt * Vp + static_cast<std::size_t>(targets[bt])]);
 }
 
 // Softmax and cross-entropy together: dlogits = (probs - onehot(target)) * dloss, with dloss = 1 / (B*T) for every
-// position (the loss is the mean).
+// position (the loss is the mean). Rows of Vp columns; the padded columns past V get nothing.
 template <class Real>
 void crossentropy_softmax_backward(Real* dlogits, const Real* probs, const int* targets, Real dloss, std::size_t B,
-                                   std::size_t T, std::size_t V) {
+                                   std::size_t T, std::size_t V, std::size_t Vp) {
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
-      Real* dlogits_bt = dlogits + (b * T + t) * V;
-      const Real* probs_bt = probs + (b * T + t) * V;
+      Real* dlogits_bt = dlogits + (b * T + t) * Vp;
+      const Real* probs_bt = probs + (b * T + t) * Vp;
       const std::size_t target = static_cast<std::size_t>(targets[b * T + t]);
       for (std::size_t i = 0; i < V; ++i) {
         const Real indicator = i == target ? Real(1) : Real(0);
@@ -617,15 +631,15 @@ void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<R
 template <class Real>
 Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wte, const int* targets,
                   activations<Real>& acts) {
-  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V;
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V, Vp = acts.Vp;
   kernels::check_tokens(targets, B * T, V, "targets");
   const Real* residual = acts.residual3.data() + (acts.L - 1) * B * T * C;
   using namespace kernels;
   layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual, ln_f_weight, ln_f_bias, B,
                     T, C);
-  matmul_forward(acts.logits.data(), acts.lnf.data(), wte, static_cast<const Real*>(nullptr), B, T, C, V);
-  softmax_forward(acts.probs.data(), acts.logits.data(), B, T, V);
-  crossentropy_forward(acts.losses.data(), acts.probs.data(), targets, B, T, V);
+  matmul_forward(acts.logits.data(), acts.lnf.data(), wte, static_cast<const Real*>(nullptr), B, T, C, Vp);
+  softmax_forward(acts.probs.data(), acts.logits.data(), B, T, V, Vp);
+  crossentropy_forward(acts.losses.data(), acts.probs.data(), targets, B, T, Vp);
   double sum = 0;
   for (const Real loss : acts.losses) sum += static_cast<double>(loss);
   return static_cast<Real>(sum / static_cast<double>(B * T));
@@ -639,7 +653,7 @@ Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wt
 template <class Real>
 void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight, Real* d_ln_f_bias, Real* d_wte,
                    const int* targets, activations<Real>& acts) {
-  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V, BTC = B * T * C;
+  const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V, Vp = acts.Vp, BTC = B * T * C;
   using namespace kernels;
   check_tokens(targets, B * T, V, "targets");
   zero(acts.dlogits);
@@ -649,9 +663,9 @@ void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight
   const Real* residual = acts.residual3.data() + (acts.L - 1) * BTC;
 
   const Real dloss = Real(1) / Real(B * T);
-  crossentropy_softmax_backward(acts.dlogits.data(), acts.probs.data(), targets, dloss, B, T, V);
+  crossentropy_softmax_backward(acts.dlogits.data(), acts.probs.data(), targets, dloss, B, T, V, Vp);
   matmul_backward(acts.dlnf.data(), d_wte, static_cast<Real*>(nullptr), acts.dlogits.data(), acts.lnf.data(), wte, B,
-                  T, C, V);
+                  T, C, Vp);
   layernorm_backward(dresidual, d_ln_f_weight, d_ln_f_bias, acts.dlnf.data(), residual, ln_f_weight,
                      acts.lnf_mean.data(), acts.lnf_rstd.data(), B, T, C);
 }

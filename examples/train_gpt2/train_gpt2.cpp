@@ -14,7 +14,11 @@
 //   bytes moved and cached, with fp32 master weights and Adam states; fp16 adds dynamic loss scaling, skipping steps
 //   whose gradients overflow; the loops compute in fp32 either way)
 //   --device-budget BYTES (32MiB per rank; 0: this machine's measured memory, a quarter of what is available)
-//   --layers N (8) --channels N (256) --heads N (4) --context N (64) --batch N (2, per rank)  --data FILE
+//   --layers N (8) --channels N (256) --heads N (4) --context N (64) --batch N (2, per rank)
+//   --vocab N (256: bytes; 50257: GPT-2's tokens, wte padded to 50304 rows as llm.c pads it)
+//   --data FILE (llm.c's token shards, magic 20240520, are read as tokens; any other file as bytes)
+//   --init-from FILE (an llm.c checkpoint, version 3 fp32 or 5 bf16: the model's shape and initial parameters;
+//   --context may shorten it)  --save-llmc FILE (the trained parameters as an llm.c checkpoint: 5 under --dtype bf16)
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
@@ -32,6 +36,7 @@
 
 #include "chunked_trainer.hpp"
 #include "data_loader.hpp"
+#include "llmc_files.hpp"
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
 
@@ -77,6 +82,9 @@ struct options {
   bool resume = false;
   std::string nvme_dir;
   std::string backend = "host";
+  std::string init_from;  // an llm.c checkpoint: the model's shape and initial parameters
+  std::string save_llmc;  // where to write the trained parameters as an llm.c checkpoint
+  bool shape_given = false;  // --layers, --channels, --heads or --vocab (an imported checkpoint sets the shape)
 };
 
 /// The learning rate of each step: warm-up, then constant or cosine decay over the run.
@@ -92,6 +100,7 @@ std::size_t count_flag(const std::string& flag, const std::string& text) {
 
 options parse(int argc, char** argv) {
   options o;
+  bool context_given = false;
   const std::vector<std::string> args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
@@ -116,10 +125,17 @@ options parse(int argc, char** argv) {
         throw_error(error_code::invalid_argument, "--dtype '" + name + "': use fp32, bf16 or fp16");
     }
     else if (flag == "--seed") o.seed = count_flag(flag, value());
-    else if (flag == "--layers") o.model.layers = count_flag(flag, value());
-    else if (flag == "--channels") o.model.channels = count_flag(flag, value());
-    else if (flag == "--heads") o.model.heads = count_flag(flag, value());
-    else if (flag == "--context") o.model.context = count_flag(flag, value());
+    else if (flag == "--layers") o.model.layers = count_flag(flag, value()), o.shape_given = true;
+    else if (flag == "--channels") o.model.channels = count_flag(flag, value()), o.shape_given = true;
+    else if (flag == "--heads") o.model.heads = count_flag(flag, value()), o.shape_given = true;
+    else if (flag == "--vocab") {
+      o.model.vocab = count_flag(flag, value());
+      o.model.padded_vocab = o.model.vocab > 256 ? gpt2::llmc_padded_vocab(o.model.vocab) : 0;  // as llm.c pads
+      o.shape_given = true;
+    }
+    else if (flag == "--init-from") o.init_from = value();
+    else if (flag == "--save-llmc") o.save_llmc = value();
+    else if (flag == "--context") o.model.context = count_flag(flag, value()), context_given = true;
     else if (flag == "--batch") o.model.batch = count_flag(flag, value());
     else if (flag == "--data") o.data = value();
     else if (flag == "--measure-cache") o.measure_cache = value();
@@ -144,6 +160,16 @@ options parse(int argc, char** argv) {
     throw_error(error_code::invalid_argument, "--clip: a gradient norm >= 0 (0: no clipping), got " +
                                                   std::to_string(o.clip));
   schedule(o).validate();
+  if (!o.init_from.empty()) {
+    if (o.shape_given)
+      throw_error(error_code::invalid_argument, "--init-from takes the model's shape from the checkpoint; leave out "
+                                                "--layers, --channels, --heads and --vocab");
+    const std::size_t context = o.model.context, batch = o.model.batch;
+    o.model = gpt2::llmc::config_of(gpt2::llmc::read_checkpoint_shape(o.init_from));
+    o.model.batch = batch;
+    if (!context_given) o.model.context = std::min<std::size_t>(context, o.model.context);
+    else o.model.context = context;  // longer than maxT: read_checkpoint says so
+  }
   gpt2::validate(o.model);
   return o;
 }
@@ -272,8 +298,16 @@ template <class Plan>
 void train(const options& o, const model_profile& model, const machine_profile& machine, const prediction& chosen) {
   const auto& config = o.model;
   const std::size_t global_batch = config.batch * static_cast<std::size_t>(o.ranks);
-  gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed);
-  gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed);
+  gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed, config.vocab);
+  gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed,
+                                    config.vocab);
+  // --init-from: the imported parameters (read once, before the ranks start), else GPT-2's initialisation.
+  std::vector<std::vector<float>> imported;
+  if (!o.init_from.empty()) imported = gpt2::llmc::read_checkpoint(o.init_from, config);
+  const tensor_initializer initialize =
+      imported.empty() ? gpt2::initializer(config, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
+        std::copy(imported[t].begin(), imported[t].end(), values.begin());
+      };
   thread_world world(o.ranks);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
   std::vector<std::thread> threads;
@@ -299,10 +333,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         runtime_settings.clip_norm = o.clip;
         // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
         if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
-        runtime<Plan, host_backend, thread_comm> rt(
-            model, comm,
-            gpt2::initializer(config, o.seed),
-            runtime_settings);
+        runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, runtime_settings);
         fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
         gpt2::activations<float> acts(config);
         std::size_t first_step = 1;
@@ -414,6 +445,15 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         if (r == 0 && rt.streamed_chunks() > 0)
           std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
                       rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
+        if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
+          std::vector<std::vector<float>> trained;
+          for (std::uint32_t t = 0; t < model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
+          if (r == 0) {
+            gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, o.type == dtype::bf16 ? 5 : 3);
+            std::printf("saved the parameters as an llm.c checkpoint (version %d): %s\n", o.type == dtype::bf16 ? 5 : 3,
+                        o.save_llmc.c_str());
+          }
+        }
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -453,11 +493,15 @@ int main(int argc, char** argv) {
     std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
                 "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
                 "live and move (the plan) and says why.\n\n");
-    std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, context %zu, batch %zu per rank: %llu "
-                "parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
-                o.model.layers, o.model.channels, o.model.heads, o.model.context, o.model.batch,
+    std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, vocabulary %zu (%zu rows), context %zu, batch "
+                "%zu per rank: %llu parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
+                o.model.layers, o.model.channels, o.model.heads, o.model.vocab, o.model.vocab_rows(), o.model.context,
+                o.model.batch,
                 static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.passes.size(),
                 static_cast<double>(model.total_flops()) / 1e9);
+    if (!o.init_from.empty())
+      std::printf("parameters: imported from %s (llm.c checkpoint, version %d)\n", o.init_from.c_str(),
+                  gpt2::llmc::read_checkpoint_shape(o.init_from).version);
     std::fflush(stdout);
     std::filesystem::path cache = o.measure_cache;
     if (cache.empty()) {
