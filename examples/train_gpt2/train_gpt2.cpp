@@ -46,12 +46,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 #include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -172,6 +174,42 @@ options parse(int argc, char** argv) {
   }
   gpt2::validate(o.model);
   return o;
+}
+
+/// The activations the trainer keeps per rank for a shape (the profile's peak: forward's saved tensors plus a pass's
+/// working set), in host memory as llm.c keeps them.
+byte_count activation_bytes(const gpt2::model_config& config) {
+  return gpt2_profile(gpt2::profile_config(config)).peak_activation_bytes();
+}
+
+/// Refuses a shape whose activations this machine's memory cannot hold, before anything allocates them: what it
+/// needs, what there is, and the longest context and largest batch that would fit.
+void check_activations_fit(const options& o, byte_count host_memory) {
+  const auto ranks = static_cast<byte_count>(o.ranks);
+  const byte_count needed = activation_bytes(o.model) * ranks;
+  if (host_memory == 0 || needed <= host_memory) return;
+  // The largest value of `field` below its current one whose activations fit (0 if none does).
+  const auto largest = [&](std::size_t gpt2::model_config::*field) {
+    std::size_t low = 0, high = o.model.*field;
+    while (high - low > 1) {
+      const std::size_t mid = low + (high - low) / 2;
+      gpt2::model_config shape = o.model;
+      shape.*field = mid;
+      (activation_bytes(shape) * ranks <= host_memory ? low : high) = mid;
+    }
+    return low;
+  };
+  const std::size_t context = largest(&gpt2::model_config::context), batch = largest(&gpt2::model_config::batch);
+  std::string fits = context > 0 ? "--context " + std::to_string(context) + " at batch " + std::to_string(o.model.batch)
+                                 : "no context at batch " + std::to_string(o.model.batch);
+  fits += batch > 0 ? ", or --batch " + std::to_string(batch) + " at context " + std::to_string(o.model.context)
+                    : " (no batch fits context " + std::to_string(o.model.context) + ")";
+  throw_error(error_code::out_of_memory,
+              "train_gpt2: the activations of batch " + std::to_string(o.model.batch) + " x context " +
+                  std::to_string(o.model.context) + " need " + format_bytes(needed) + " (" +
+                  std::to_string(o.ranks) + " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " +
+                  format_bytes(host_memory) + " of memory; what would fit: " + fits +
+                  " (fewer ranks, or fewer layers, also shrink them; activation checkpointing is not implemented yet)");
 }
 
 /// The training state as the planner counts it (fp32 parameters, gradients and Adam's m and v) against the device
@@ -513,6 +551,7 @@ int main(int argc, char** argv) {
     machine_profile machine =
         measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
     const byte_count measured_memory = machine.device_memory;
+    check_activations_fit(o, machine.host_memory);
     if (o.device_budget != 0) machine.device_memory = o.device_budget;
     // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
@@ -568,6 +607,10 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const chunkwise::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {  // what the checks above did not foresee: still a message, never an abort
+    std::fprintf(stderr, "train_gpt2: out of memory: an allocation failed (this shape, rank count or plan needs more "
+                         "memory than the machine has; try a shorter --context, a smaller --batch or fewer --ranks)\n");
     return 2;
   }
 }
