@@ -2,6 +2,9 @@
 // its loss, the tied embedding gets both contributions, training lowers the loss and is bit-for-bit repeatable,
 // and the data loader serves what it promises.
 #include "data_loader.hpp"
+#if CHUNKWISE_GPT2_BLAS
+#include "blas_matmul.hpp"
+#endif
 #include "gpt2_model.hpp"
 #include "llmc_files.hpp"
 #include "reference_trainer.hpp"
@@ -17,6 +20,7 @@
 #include <fstream>
 #include <numeric>
 #include <unistd.h>
+#include <tuple>
 #include <vector>
 
 #ifdef _OPENMP
@@ -579,3 +583,60 @@ TEST_CASE("llm.c token shards: read back, served by the data loader, tokens past
   CHECK_THROWS_WITH_AS(gpt2::llmc::read_tokens(path, 256), doctest::Contains("--vocab 50257"), chunkwise::error);
   std::filesystem::remove(path);
 }
+
+#if CHUNKWISE_GPT2_BLAS
+TEST_CASE("the OpenBLAS engine computes the loops' products and trains as they do, to rounding") {
+  // Shapes of the model's products, bias and none; backward accumulates into what is there.
+  for (const auto [rows, C, OC, with_bias] : {std::tuple{64, 32, 96, true}, std::tuple{64, 128, 32, true},
+                                              std::tuple{17, 32, 256, false}}) {
+    CAPTURE(rows);
+    CAPTURE(OC);
+    const auto fill = [](std::vector<float>& v, float scale) {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + 0.1f);
+    };
+    std::vector<float> inp(rows * C), weight(OC * C), bias(OC), dout(rows * OC);
+    fill(inp, 1.0f), fill(weight, 0.05f), fill(bias, 0.1f), fill(dout, 0.01f);
+    const float* b = with_bias ? bias.data() : nullptr;
+    struct grads {
+      std::vector<float> out, dinp, dweight, dbias;
+    };
+    const auto run = [&](const gpt2::matmul_engine* engine) {
+      gpt2::installed_matmul_engine() = engine;
+      grads g{std::vector<float>(rows * OC), std::vector<float>(rows * C, 0.5f), std::vector<float>(OC * C, 0.25f),
+              std::vector<float>(OC, 0.125f)};
+      gpt2::kernels::matmul_forward(g.out.data(), inp.data(), weight.data(), b, 1, rows, C, OC);
+      gpt2::kernels::matmul_backward(g.dinp.data(), g.dweight.data(), with_bias ? g.dbias.data() : nullptr, dout.data(),
+                                     inp.data(), weight.data(), 1, rows, C, OC);
+      gpt2::installed_matmul_engine() = nullptr;
+      return g;
+    };
+    const grads loops = run(nullptr), blas = run(&gpt2::blas_matmul_engine(2));
+    const auto close = [](const std::vector<float>& a, const std::vector<float>& e) {
+      double worst = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(double(a[i]) - e[i]) / std::max(std::abs(double(e[i])), 1e-3));
+      return worst;
+    };
+    CHECK(close(blas.out, loops.out) < 1e-4);
+    CHECK(close(blas.dinp, loops.dinp) < 1e-4);
+    CHECK(close(blas.dweight, loops.dweight) < 1e-4);
+    CHECK(close(blas.dbias, loops.dbias) < 1e-4);
+  }
+  // Ten steps of the reference trainer: the losses agree to 1e-4.
+  const auto losses = [](const gpt2::matmul_engine* engine) {
+    gpt2::installed_matmul_engine() = engine;
+    gpt2::reference_trainer trainer(tiny_config(), 3);
+    auto loader = tiny_loader(gpt2::data_split::train);
+    std::vector<float> result;
+    for (int step = 0; step < 10; ++step) {
+      loader.next_batch();
+      result.push_back(trainer.train_step(loader.tokens().data(), loader.targets().data(), 1e-3f));
+    }
+    gpt2::installed_matmul_engine() = nullptr;
+    return result;
+  };
+  const auto loops = losses(nullptr), blas = losses(&gpt2::blas_matmul_engine(2));
+  for (std::size_t i = 0; i < loops.size(); ++i) CHECK(blas[i] == doctest::Approx(loops[i]).epsilon(1e-4));
+  CHECK(loops.back() < loops.front());
+}
+#endif

@@ -18,3 +18,12 @@ else()
   # The loops run serially (`omp simd` still vectorises); the pragmas stay for readers, as llm.c keeps them.
   target_compile_options(chunkwise_gpt2_model INTERFACE $<$<CXX_COMPILER_ID:GNU,Clang>:-fopenmp-simd -Wno-unknown-pragmas>)
 endif()
+# The matrix products through OpenBLAS (blas_matmul.hpp) where pkg-config finds it: train_gpt2 installs that engine.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(CHUNKWISE_OPENBLAS QUIET IMPORTED_TARGET openblas)
+endif()
+if(CHUNKWISE_OPENBLAS_FOUND)
+  target_link_libraries(chunkwise_gpt2_model INTERFACE PkgConfig::CHUNKWISE_OPENBLAS)
+  target_compile_definitions(chunkwise_gpt2_model INTERFACE CHUNKWISE_GPT2_BLAS=1)
+endif()

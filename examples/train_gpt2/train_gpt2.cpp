@@ -22,6 +22,8 @@
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
+//   --matmul blas|loops (blas: the host's matrix products through OpenBLAS, where the build found it; loops: the
+//   model's own OpenMP loops, bit-identical for any thread count)
 //   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
 //   where the build has CUDA; chunk memory stays in the host backend's tiers)
 #include <chunkwise/comm/thread_comm.hpp>
@@ -36,6 +38,9 @@
 
 #include "chunked_trainer.hpp"
 #include "data_loader.hpp"
+#if CHUNKWISE_GPT2_BLAS
+#include "blas_matmul.hpp"
+#endif
 #include "llmc_files.hpp"
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
@@ -84,6 +89,7 @@ struct options {
   bool resume = false;
   std::string nvme_dir;
   std::string backend = "host";
+  std::string matmul = "blas";  // host backend: blas (OpenBLAS, where built) or loops (gpt2_model.hpp's own)
   std::string init_from;  // an llm.c checkpoint: the model's shape and initial parameters
   std::string save_llmc;  // where to write the trained parameters as an llm.c checkpoint
   bool shape_given = false;  // --layers, --channels, --heads or --vocab (an imported checkpoint sets the shape)
@@ -146,6 +152,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--resume") o.resume = true;
     else if (flag == "--nvme-dir") o.nvme_dir = value();
     else if (flag == "--backend") o.backend = value();
+    else if (flag == "--matmul") o.matmul = value();
     else if (flag == "--help" || flag == "-h") {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
@@ -156,6 +163,8 @@ options parse(int argc, char** argv) {
   if (o.ranks > 64) throw_error(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
   if (o.backend != "host" && o.backend != "cuda")
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
+  if (o.matmul != "blas" && o.matmul != "loops")
+    throw_error(error_code::invalid_argument, "--matmul '" + o.matmul + "': use blas or loops");
   if (o.resume && o.checkpoint.empty())
     throw_error(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
   if (!(o.clip >= 0.0f) || !std::isfinite(o.clip))
@@ -513,6 +522,17 @@ int main(int argc, char** argv) {
   }
   try {
     const options o = parse(argc, argv);
+    if (o.backend == "host" && o.matmul == "blas") {
+#if CHUNKWISE_GPT2_BLAS
+      // The cores shared among the ranks (each rank's products run beside the others').
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      gpt2::installed_matmul_engine() = &gpt2::blas_matmul_engine(std::max(1, cores / o.ranks));
+      std::printf("matrix products: %s, %d thread(s) per rank (--matmul loops: the model's own loops)\n",
+                  gpt2::installed_matmul_engine()->name, std::max(1, cores / o.ranks));
+#else
+      std::printf("matrix products: the model's own loops (this build found no OpenBLAS: libopenblas-dev)\n");
+#endif
+    }
     if (o.backend == "cuda") {
 #if CHUNKWISE_GPT2_CUDA
       gpt2::installed_matmul_engine() = &gpt2::cuda_matmul_engine();
