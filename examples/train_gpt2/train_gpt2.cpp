@@ -378,6 +378,8 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         // clipping, which needs every gradient's norm first).
         runtime_settings.learning_rate = schedule(o);
         runtime_settings.clip_norm = o.clip;
+        // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
+        runtime_settings.optimizer_threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
         // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
         if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
         runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, runtime_settings);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The example trainer's speed beside the GEMM peak of the same BLAS and PyTorch's step, at the shape the trainer
+# issue compares with llm.c (12 layers, 768 channels, 12 heads, byte vocabulary, batch 4, context 64, one rank, the
+# resident plan, fp32), in one run. Not part of the tests.
+#
+#   bench/compare/trainer.sh [BUILD_DIR] [STEPS]        # BUILD_DIR: a Release build (default build/default), STEPS 6
+#
+# Ours: train_gpt2's median step (the first left out), and its GFLOP/s from the model's FLOP count (the profile's:
+# forward and backward of every product and attention). GEMM peak: the fastest of chunkwise_gemm_bench's products
+# (OpenBLAS sgemm at the model's shapes, THREADS threads). PyTorch: bench/compare/trainer_torch.py (Hugging Face's
+# GPT2LMHeadModel, fused AdamW) from the benches' virtual environment (tools/python-env.sh), skipped without torch.
+# Last line:  trainer gflops=G fraction_of_gemm_peak=F
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${1:-$root/build/default}
+steps=${2:-6}
+threads=${THREADS:-$(nproc)}
+shape=(--layers 12 --channels 768 --heads 12 --context 64 --batch 4)
+work=$(mktemp -d /tmp/chunkwise-trainer.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+echo "== building train_gpt2 and chunkwise_gemm_bench in $build"
+cmake --build "$build" -j2 --target train_gpt2 chunkwise_gemm_bench >/dev/null || { echo "build failed"; exit 1; }
+
+echo "== GEMM: chunkwise_gemm_bench (the trainer's BLAS at its products)"
+"$build/bench/chunkwise_gemm_bench" --benchmark_min_time=0.3 --benchmark_format=json >"$work/gemm.json" 2>/dev/null ||
+  { echo "FAILED: chunkwise_gemm_bench"; exit 1; }
+read -r gemm_peak gemm_label < <(python3 - "$work/gemm.json" <<'PY'
+import json, sys
+runs = json.load(open(sys.argv[1]))["benchmarks"]
+best = max(runs, key=lambda r: r["GFLOP/s"])
+print(f'{best["GFLOP/s"]:.2f} {best.get("label", "").replace(" ", "_")}')
+PY
+)
+echo "gemm peak ${gemm_peak} GFLOP/s (${gemm_label//_/ }, $threads threads)"
+
+echo "== ours: train_gpt2 ${shape[*]}, resident plan, $steps steps"
+OMP_NUM_THREADS=$threads "$build/examples/train_gpt2/train_gpt2" "${shape[@]}" --steps "$steps" --eval-every 1000000 \
+  --plan min_waste/resident/replicated/follows_home --device-budget 0 >"$work/ours.txt" 2>&1 ||
+  { tail -5 "$work/ours.txt"; echo "FAILED: train_gpt2"; exit 1; }
+grep -E "^matrix products|^compute:|^timing" "$work/ours.txt"
+gflop_per_step=$(sed -n 's/.*, \([0-9.]*\) GFLOP per step per rank.*/\1/p' "$work/ours.txt" | head -1)
+ours_ms=$(sed -n 's/^timing: median step \([0-9.]*\) ms.*/\1/p' "$work/ours.txt")
+[[ -n $gflop_per_step && -n $ours_ms ]] || { echo "FAILED: no timing line from train_gpt2"; exit 1; }
+tokens=$((4 * 64))
+
+torch_line=""
+echo "== PyTorch: bench/compare/trainer_torch.py (the benches' virtual environment)"
+if python=$("$root/tools/python-env.sh" 2>/dev/null); then
+  torch_line=$("$python" "$root/bench/compare/trainer_torch.py" --steps "$steps" --threads "$threads" 2>/dev/null | tail -1)
+  echo "${torch_line:-FAILED: trainer_torch.py}"
+else
+  echo "skipped: no Python with torch and transformers (tools/python-env.sh)"
+fi
+
+python3 - "$gflop_per_step" "$ours_ms" "$gemm_peak" "$tokens" "$torch_line" <<'PY'
+import sys
+gflop, ours_ms, peak, tokens, torch_line = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+ours_s = ours_ms / 1e3
+gflops = gflop / ours_s
+print(f"ours   {tokens / ours_s:9.1f} tokens/s  {gflops:7.2f} GFLOP/s  step {ours_ms:8.1f} ms")
+if torch_line.startswith("torch median_step_s="):
+    torch_s = float(torch_line.split()[1].split("=")[1])
+    print(f"torch  {tokens / torch_s:9.1f} tokens/s  {gflop / torch_s:7.2f} GFLOP/s  step {torch_s * 1e3:8.1f} ms"
+          f"  (ours / torch step time: {ours_s / torch_s:.2f})")
+print(f"trainer gflops={gflops:.2f} fraction_of_gemm_peak={gflops / peak:.3f}")
+PY
