@@ -231,13 +231,13 @@ TEST_CASE("the tied wte gradient is the sum of the embedding's and the head's co
   auto& acts = trainer.acts();
   trainer.zero_gradients();
   gpt2::embed_forward(wte.data(), trainer.parameter(gpt2::wpe_index).data(), tokens, acts);
-  for (std::size_t l = 0; l < config.layers; ++l) gpt2::layer_forward(l, trainer.layer_parameters(l), acts);
+  for (std::size_t l = 0; l < config.layers; ++l) gpt2::layer_forward(l, gpt2::schedule_detail::layer_params_of(trainer, l), acts);
   const double untied_loss = gpt2::head_forward(trainer.parameter(lnf_w).data(), trainer.parameter(lnf_b).data(),
                                                 lm_head.data(), targets, acts);
   gpt2::head_backward(trainer.parameter(lnf_w).data(), lm_head.data(), trainer.gradient(lnf_w).data(),
                       trainer.gradient(lnf_b).data(), d_lm_head.data(), targets, acts);
   for (std::size_t l = config.layers; l-- > 0;)
-    gpt2::layer_backward(l, trainer.layer_parameters(l), trainer.layer_gradients(l), acts);
+    gpt2::layer_backward(l, gpt2::schedule_detail::layer_params_of(trainer, l), gpt2::schedule_detail::layer_grads_of(trainer, l), acts);
   gpt2::embed_backward(trainer.gradient(gpt2::wte_index).data(), trainer.gradient(gpt2::wpe_index).data(), tokens,
                        acts);
   const auto d_embedding = trainer.gradient(gpt2::wte_index);

@@ -105,6 +105,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, options);
         gpt2::activations<float> acts(config);
         fp32_compute compute(rt);
+        gpt2::chunk_executor passes(rt, compute, acts);  // the step's schedule on chunk memory
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
         if (!run.save_to.empty() && run.save_after == 0) rt.save_checkpoint(run.save_to);  // resave what was loaded
         const std::size_t window = config.context;
@@ -112,12 +113,11 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
           rt.zero_grad();
           for (int m = 0; m < micro; ++m) {
             const std::size_t at = static_cast<std::size_t>(r * micro + m) * window;
-            for (std::size_t i = 0; i < model.passes.size(); ++i) {
-              const auto in_use = rt.use(i);
-              gpt2::run_profile_pass(compute, model.passes[i], config, acts,
-                                     tokens[static_cast<std::size_t>(s)].data() + at,
-                                     targets[static_cast<std::size_t>(s)].data() + at);
-            }
+            const int* x = tokens[static_cast<std::size_t>(s)].data() + at;
+            const int* y = targets[static_cast<std::size_t>(s)].data() + at;
+            passes.restart();
+            gpt2::forward(passes, config, x, y);
+            gpt2::backward(passes, config, x, y);
           }
           if (run.micro_batches > 0)
             for (std::uint32_t t = 0; t < model.tensors.size(); ++t) rt.grad_ready(t);

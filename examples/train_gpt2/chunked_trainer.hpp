@@ -11,11 +11,13 @@
 
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
+#include "schedule.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,63 +49,44 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>>;
 
-/// The model profile from a dry run of the training loop against the tracer: the same registrations and pass order
-/// as the trainer, the activation buffers allocated and freed where llm.c's loop needs them, no tensor memory.
+/// Records the schedule into chunkwise's tracer: each pass's tensors, FLOPs, the activations it keeps (freed by the
+/// backward pass of the same label) and its scratch. Runs no maths.
+class tracing_executor {
+ public:
+  tracing_executor(const model_config& config, chunkwise::dtype type) : trace_("gpt2-example") {
+    for (const auto& tensor : parameter_tensors(config))
+      handles_.push_back(trace_.register_tensor(
+          tensor.name, tensor.elements, {type, chunkwise::tensor_role::parameter, tensor.name == "wte"}));
+  }
+  template <class Body>
+  void pass(const pass_info& info, Body&&) {
+    trace_.begin_pass(info.label.c_str(), info.kind);
+    for (const auto t : info.tensors) trace_.touch(handles_[t]);
+    if (info.scratch > 0) trace_.free_activation(trace_.allocate_activation(info.scratch));
+    if (info.kind == chunkwise::pass_kind::backward) {
+      const auto saved = saved_.find(info.label);
+      if (saved != saved_.end()) trace_.free_activation(saved->second), saved_.erase(saved);
+    } else if (info.saved > 0) {
+      saved_.emplace(info.label, trace_.allocate_activation(info.saved));
+    }
+    trace_.add_flops(info.flops);
+    trace_.end_pass();
+  }
+  chunkwise::model_profile profile() { return trace_.profile(); }
+
+ private:
+  chunkwise::tracer trace_;
+  std::vector<chunkwise::tensor_handle> handles_;
+  std::map<std::string, chunkwise::activation_handle> saved_;
+};
+
+/// The model profile: a dry run of the training step's schedule (schedule.hpp) against the tracer, no tensor memory.
 /// `type`: the chunks' parameters and gradients (bf16/fp16: mixed precision, fp32 master weights and Adam states).
-inline chunkwise::model_profile trace_profile(const model_config& config, chunkwise::dtype type = chunkwise::dtype::fp32) {
-  using namespace chunkwise;
-  tracer trace("gpt2-example");
-  std::vector<tensor_handle> handles;
-  for (const auto& tensor : parameter_tensors(config))
-    handles.push_back(trace.register_tensor(tensor.name, tensor.elements, {type, tensor_role::parameter,
-                                                                           tensor.name == "wte"}));
-  const std::uint64_t B = config.batch, T = config.context, C = config.channels, V = config.vocab_rows(), H = config.heads;
-  const byte_count f = sizeof(float);
-  const byte_count layer_bytes = (B * T * (18 * C + 4) + 2 * B * H * T * T) * f;
-  const std::uint64_t layer_flops = 2 * B * T * 12 * C * C + 4 * B * T * T * C, head_flops = 2 * B * T * C * V;
-  const auto touch_layer = [&](std::size_t l) {
-    for (std::size_t t = 0; t < layer_tensor_count; ++t)
-      trace.touch(handles[layer_tensor_index(l, static_cast<layer_tensor>(t))]);
-  };
-  const auto lnf_w = handles[ln_f_weight_index(config)], lnf_b = handles[ln_f_bias_index(config)];
-  trace.begin_pass("embed", pass_kind::forward);
-  trace.touch(handles[wte_index]);
-  trace.touch(handles[wpe_index]);
-  const auto encoded = trace.allocate_activation(B * T * C * f);
-  trace.end_pass();
-  std::vector<activation_handle> saved;
-  for (std::size_t l = 0; l < config.layers; ++l) {
-    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::forward);
-    touch_layer(l);
-    saved.push_back(trace.allocate_activation(layer_bytes));
-    trace.add_flops(layer_flops);
-    trace.end_pass();
-  }
-  trace.begin_pass("head", pass_kind::forward);
-  for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
-  const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * f);
-  trace.add_flops(head_flops);
-  trace.end_pass();
-  trace.begin_pass("head", pass_kind::backward);
-  for (const auto t : {lnf_w, lnf_b, handles[wte_index]}) trace.touch(t);
-  trace.free_activation(trace.allocate_activation(B * T * V * f));
-  trace.free_activation(head);
-  trace.add_flops(2 * head_flops);
-  trace.end_pass();
-  for (std::size_t l = config.layers; l-- > 0;) {
-    trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::backward);
-    touch_layer(l);
-    trace.free_activation(trace.allocate_activation(layer_bytes));
-    trace.free_activation(saved[l]);
-    trace.add_flops(2 * layer_flops);
-    trace.end_pass();
-  }
-  trace.begin_pass("embed", pass_kind::backward);
-  trace.touch(handles[wte_index]);
-  trace.touch(handles[wpe_index]);
-  trace.free_activation(trace.allocate_activation(B * T * C * f));
-  trace.free_activation(encoded);
-  trace.end_pass();
+inline chunkwise::model_profile trace_profile(const model_config& config,
+                                              chunkwise::dtype type = chunkwise::dtype::fp32) {
+  tracing_executor trace(config, type);
+  forward(trace, config, nullptr, nullptr);
+  backward(trace, config, nullptr, nullptr);
   return trace.profile();
 }
 
@@ -174,38 +157,33 @@ inline std::function<void(std::uint32_t, std::span<float>)> initializer(const mo
   };
 }
 
-/// One profiled pass (embed, h.<l> or head; forward or backward) on the runtime's chunk memory, computed in fp32
-/// (through fp32 copies when the chunks hold bf16 or fp16; the gradients go into the chunks before it returns).
+/// Runs the schedule on the runtime's chunk memory: each pass acquires its chunks (rt.use, passes numbered in the
+/// profile's order from the step's first forward pass) and computes in fp32 through fp32_compute (copies when the
+/// chunks hold bf16 or fp16; the pass's gradients go into the chunks before its chunks are released).
 template <class Runtime>
-float run_profile_pass(chunkwise::fp32_compute<Runtime>& compute, const chunkwise::profile_pass& pass,
-                       const model_config& config, activations<float>& acts, const int* tokens, const int* targets) {
-  const auto p = [&](std::size_t t) { return compute.parameter(static_cast<std::uint32_t>(t)); };
-  const auto g = [&](std::size_t t) { return compute.gradient(static_cast<std::uint32_t>(t)); };
-  const auto flushing = compute.flush_at_exit();  // this pass's gradients go into the chunks at every return
-  const std::string label(pass.label.view());
-  const bool forward = pass.kind == chunkwise::pass_kind::forward;
-  const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
-  if (label == "embed") {
-    if (forward) embed_forward<float>(p(wte_index), p(wpe_index), tokens, acts);
-    else embed_backward<float>(g(wte_index), g(wpe_index), tokens, acts);
-    return 0;
+class chunk_executor {
+ public:
+  chunk_executor(Runtime& rt, chunkwise::fp32_compute<Runtime>& compute, activations<float>& acts)
+      : rt_(&rt), compute_(&compute), acts_(&acts) {}
+
+  /// The next forward() starts at the profile's first pass (each step, and each evaluation).
+  void restart() noexcept { next_ = 0; }
+
+  template <class Body>
+  void pass(const pass_info&, Body&& body) {
+    const auto in_use = rt_->use(next_++);
+    const auto flushing = compute_->flush_at_exit();  // destroyed first: the gradients go in before the release
+    body(*this);
   }
-  if (label == "head") {
-    if (forward) return head_forward<float>(p(lnf_w), p(lnf_b), p(wte_index), targets, acts);
-    head_backward<float>(p(lnf_w), p(wte_index), g(lnf_w), g(lnf_b), g(wte_index), targets, acts);
-    return 0;
-  }
-  const std::size_t layer = std::stoul(label.substr(2));
-  layer_params<float> params;
-  layer_grads<float> grads;
-  for (std::size_t t = 0; t < layer_tensor_count; ++t) {
-    const auto index = layer_tensor_index(layer, static_cast<layer_tensor>(t));
-    params.tensor[t] = p(index);
-    if (!forward) grads.tensor[t] = g(index);  // gradients exist in backward passes only
-  }
-  if (forward) layer_forward<float>(layer, params, acts);
-  else layer_backward<float>(layer, params, grads, acts);
-  return 0;
-}
+  float* param(std::size_t t) { return compute_->parameter(static_cast<std::uint32_t>(t)); }
+  float* grad(std::size_t t) { return compute_->gradient(static_cast<std::uint32_t>(t)); }
+  activations<float>& acts() noexcept { return *acts_; }
+
+ private:
+  Runtime* rt_;
+  chunkwise::fp32_compute<Runtime>* compute_;
+  activations<float>* acts_;
+  std::size_t next_ = 0;
+};
 
 }  // namespace gpt2

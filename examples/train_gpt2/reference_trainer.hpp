@@ -1,8 +1,9 @@
 #pragma once
 // The plain GPT-2 trainer: every parameter, gradient and AdamW moment in ordinary memory, one flat vector each,
 // tensors in the profile's order. It is the yardstick the chunkwise trainer is held to: both initialise with
-// init_parameter, both run the pass functions of gpt2_model.hpp in the profile's order, and both update with the
-// same AdamW element formula, so on one rank in fp32 they must agree (DESIGN.md: within 1e-6 relative).
+// init_parameter, both run the step's one schedule (schedule.hpp: the pass functions in the profile's order), and
+// both update with the same AdamW element formula, so on one rank in fp32 they must agree (DESIGN.md: within 1e-6
+// relative).
 //
 // One training step (train_step):
 //   zero the gradients; embed, layers 0..L-1, head forward (the mean loss); head, layers L-1..0, embed backward;
@@ -16,6 +17,7 @@
 // i.e. PyTorch's AdamW (decoupled weight decay, bias-corrected moments, eps added to sqrt(v_hat)).
 // Defaults: llm.c's train_gpt2.c, betas 0.9 / 0.999, eps 1e-8, weight decay 0 (chunkwise::optim::adam_config{}).
 #include "gpt2_model.hpp"
+#include "schedule.hpp"
 #include "random.hpp"
 
 #include <chunkwise/core/error.hpp>
@@ -116,22 +118,21 @@ class basic_reference_trainer {
     return loss;
   }
 
-  /// Every forward pass; the mean loss against targets. Also what evaluation runs.
+  /// Every forward pass of the schedule (schedule.hpp); the mean loss against targets. Also what evaluation runs.
   Real forward(const int* tokens, const int* targets) {
-    embed_forward(parameter_data(wte_index), parameter_data(wpe_index), tokens, acts_);
-    for (std::size_t l = 0; l < config_.layers; ++l) layer_forward(l, layer_parameters(l), acts_);
-    return head_forward(parameter_data(ln_f_weight_index(config_)), parameter_data(ln_f_bias_index(config_)),
-                        parameter_data(wte_index), targets, acts_);
+    return static_cast<Real>(gpt2::forward(*this, config_, tokens, targets));
   }
 
   /// Every backward pass, after forward on the same tokens and targets; gradients accumulate.
-  void backward(const int* tokens, const int* targets) {
-    head_backward(parameter_data(ln_f_weight_index(config_)), parameter_data(wte_index),
-                  gradient_data(ln_f_weight_index(config_)), gradient_data(ln_f_bias_index(config_)),
-                  gradient_data(wte_index), targets, acts_);
-    for (std::size_t l = config_.layers; l-- > 0;) layer_backward(l, layer_parameters(l), layer_gradients(l), acts_);
-    embed_backward(gradient_data(wte_index), gradient_data(wpe_index), tokens, acts_);
+  void backward(const int* tokens, const int* targets) { gpt2::backward(*this, config_, tokens, targets); }
+
+  /// The schedule's executor: every pass runs on this trainer's arrays.
+  template <class Body>
+  void pass(const pass_info&, Body&& body) {
+    body(*this);
   }
+  Real* param(std::size_t index) { return parameter_data(index); }
+  Real* grad(std::size_t index) { return gradient_data(index); }
 
   void zero_gradients() { std::fill(grads_.begin(), grads_.end(), Real(0)); }
 
@@ -170,19 +171,6 @@ class basic_reference_trainer {
   /// All parameters (gradients), flat, tensors in the profile's order.
   [[nodiscard]] std::span<const Real> parameters() const noexcept { return params_; }
   [[nodiscard]] std::span<const Real> gradients() const noexcept { return grads_; }
-
-  layer_params<Real> layer_parameters(std::size_t layer) {
-    layer_params<Real> p;
-    for (std::size_t t = 0; t < layer_tensor_count; ++t)
-      p.tensor[t] = parameter_data(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
-    return p;
-  }
-  layer_grads<Real> layer_gradients(std::size_t layer) {
-    layer_grads<Real> g;
-    for (std::size_t t = 0; t < layer_tensor_count; ++t)
-      g.tensor[t] = gradient_data(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
-    return g;
-  }
 
   activations<Real>& acts() noexcept { return acts_; }
 

@@ -216,8 +216,8 @@ void check_activations_fit(const options& o, byte_count host_memory) {
   throw_error(error_code::out_of_memory,
               "train_gpt2: the activations of batch " + std::to_string(o.model.batch) + " x context " +
                   std::to_string(o.model.context) + " need " + format_bytes(needed) + " (" +
-                  std::to_string(o.ranks) + " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " +
-                  format_bytes(host_memory) + " of memory; what would fit: " + fits +
+                  std::to_string(o.ranks) +
+                  " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " + format_bytes(host_memory) + " of memory; what would fit: " + fits +
                   " (fewer ranks, or fewer layers, also shrink them; activation checkpointing is not implemented yet)");
 }
 
@@ -379,7 +379,8 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         runtime_settings.learning_rate = schedule(o);
         runtime_settings.clip_norm = o.clip;
         // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
-        runtime_settings.optimizer_threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
+        runtime_settings.optimizer_threads =
+            std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
         // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
         if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
         runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, runtime_settings);
@@ -400,16 +401,14 @@ void train(const options& o, const model_profile& model, const machine_profile& 
           comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
           return all;
         };
+        // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
+        gpt2::chunk_executor passes(rt, compute, acts);
         const auto run = [&](bool backward) {
-          float loss = 0;
-          for (std::size_t s = 0; s < model.passes.size(); ++s) {
-            if (!backward && model.passes[s].kind == pass_kind::backward) break;
-            const auto in_use = rt.use(s);  // acquire now, release at the end of this loop iteration
-            const float pass_loss =
-                gpt2::run_profile_pass(compute, model.passes[s], config, acts, tokens.data() + first,
-                                       targets.data() + first);
-            if (model.passes[s].label.view() == "head" && model.passes[s].kind == pass_kind::forward) loss = pass_loss;
-          }
+          passes.restart();
+          const int* x = tokens.data() + first;
+          const int* y = targets.data() + first;
+          const auto loss = static_cast<float>(gpt2::forward(passes, config, x, y));
+          if (backward) gpt2::backward(passes, config, x, y);
           return loss;
         };
         for (std::size_t step = first_step; step <= o.steps; ++step) {

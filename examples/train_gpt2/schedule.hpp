@@ -1,0 +1,121 @@
+#pragma once
+// GPT-2's training step, written once: the passes in order, the parameter tensors each touches, the activations it
+// keeps for backward and the scratch it needs, its FLOPs, and the maths it runs. Who executes the schedule decides
+// what a pass means (llm.c's train_gpt2.c has one loop; here that one loop serves three purposes):
+//
+//   tracing_executor (below)   records each pass into chunkwise's tracer and runs no maths: the model profile is a
+//                              dry run of this very schedule;
+//   reference_trainer          runs the maths on its own arrays (reference_trainer.hpp);
+//   chunk_executor             acquires each pass's chunks from the runtime and runs the maths on chunk memory
+//                              (chunked_trainer.hpp).
+//
+// An executor provides `template <class Body> void pass(const pass_info&, Body&& body)`, which calls (or not)
+// body(x) with an accessor x: x.param(t) and x.grad(t) (Real*, tensor t in parameter_tensors order; grad only in
+// backward passes) and x.acts() (activations<Real>&).
+#include "gpt2_model.hpp"
+
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace gpt2 {
+
+/// One pass of the schedule, as the profile counts it.
+struct pass_info {
+  std::string label;                 // "embed", "h.<l>" or "head": a backward pass repeats its forward's label
+  chunkwise::pass_kind kind;
+  std::vector<std::size_t> tensors;  // the parameter tensors it touches (and, in backward, their gradients)
+  chunkwise::byte_count saved = 0;   // forward: activations kept until the backward pass of the same label
+  chunkwise::byte_count scratch = 0; // working buffers allocated and freed inside the pass
+  std::uint64_t flops = 0;
+};
+
+namespace schedule_detail {
+
+inline std::vector<std::size_t> layer_tensors(std::size_t layer) {
+  std::vector<std::size_t> tensors;
+  for (std::size_t t = 0; t < layer_tensor_count; ++t)
+    tensors.push_back(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
+  return tensors;
+}
+
+// The bytes (fp32 activations) and FLOPs of the passes: what chunkwise/profile/gpt2.hpp counts analytically.
+struct pass_costs {
+  explicit pass_costs(const model_config& config)
+      : B(config.batch), T(config.context), C(config.channels), Vp(config.vocab_rows()), H(config.heads) {}
+  std::uint64_t B, T, C, Vp, H;
+  static constexpr chunkwise::byte_count f = sizeof(float);
+  chunkwise::byte_count embed() const { return B * T * C * f; }
+  chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
+  chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
+  chunkwise::byte_count head_scratch() const { return B * T * Vp * f; }
+  std::uint64_t layer_flops() const { return 2 * B * T * 12 * C * C + 4 * B * T * T * C; }
+  std::uint64_t head_flops() const { return 2 * B * T * C * Vp; }
+};
+
+template <class Accessor>
+auto layer_params_of(Accessor& x, std::size_t layer) {
+  layer_params<std::remove_pointer_t<decltype(x.param(0))>> p;
+  for (std::size_t t = 0; t < layer_tensor_count; ++t)
+    p.tensor[t] = x.param(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
+  return p;
+}
+template <class Accessor>
+auto layer_grads_of(Accessor& x, std::size_t layer) {
+  layer_grads<std::remove_pointer_t<decltype(x.grad(0))>> g;
+  for (std::size_t t = 0; t < layer_tensor_count; ++t)
+    g.tensor[t] = x.grad(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
+  return g;
+}
+
+}  // namespace schedule_detail
+
+/// The forward passes: embedding, every block, the head. Returns the mean loss against `targets` (0 when the executor
+/// runs no maths), in double so that a double-precision trainer keeps all of it. tokens and targets are (B, T).
+template <class Executor>
+double forward(Executor& run, const model_config& config, const int* tokens, const int* targets) {
+  using chunkwise::pass_kind;
+  const schedule_detail::pass_costs cost(config);
+  const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
+  double loss = 0;
+  run.pass({"embed", pass_kind::forward, {wte_index, wpe_index}, cost.embed(), 0, 0},
+           [&](auto& x) { embed_forward(x.param(wte_index), x.param(wpe_index), tokens, x.acts()); });
+  for (std::size_t l = 0; l < config.layers; ++l)
+    run.pass({"h." + std::to_string(l), pass_kind::forward, schedule_detail::layer_tensors(l), cost.layer(), 0,
+              cost.layer_flops()},
+             [&](auto& x) { layer_forward(l, schedule_detail::layer_params_of(x, l), x.acts()); });
+  run.pass({"head", pass_kind::forward, {lnf_w, lnf_b, wte_index}, cost.head(), 0, cost.head_flops()}, [&](auto& x) {
+    loss = static_cast<double>(head_forward(x.param(lnf_w), x.param(lnf_b), x.param(wte_index), targets, x.acts()));
+  });
+  return loss;
+}
+
+/// The backward passes, after forward on the same batch: head, every block from the last, the embedding. Parameter
+/// gradients accumulate.
+template <class Executor>
+void backward(Executor& run, const model_config& config, const int* tokens, const int* targets) {
+  using chunkwise::pass_kind;
+  const schedule_detail::pass_costs cost(config);
+  const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
+  run.pass({"head", pass_kind::backward, {lnf_w, lnf_b, wte_index}, 0, cost.head_scratch(), 2 * cost.head_flops()},
+           [&](auto& x) {
+             head_backward(x.param(lnf_w), x.param(wte_index), x.grad(lnf_w), x.grad(lnf_b), x.grad(wte_index),
+                           targets, x.acts());
+           });
+  for (std::size_t l = config.layers; l-- > 0;)
+    run.pass({"h." + std::to_string(l), pass_kind::backward, schedule_detail::layer_tensors(l), 0, cost.layer(),
+              2 * cost.layer_flops()},
+             [&](auto& x) {
+               layer_backward(l, schedule_detail::layer_params_of(x, l), schedule_detail::layer_grads_of(x, l),
+                              x.acts());
+             });
+  run.pass({"embed", pass_kind::backward, {wte_index, wpe_index}, 0, cost.embed(), 0},
+           [&](auto& x) { embed_backward(x.grad(wte_index), x.grad(wpe_index), tokens, x.acts()); });
+}
+
+}  // namespace gpt2
