@@ -14,8 +14,10 @@ set -euo pipefail
 
 # The default preset configures the tests and benches too (find_package(doctest), find_package(benchmark)), so both
 # belong to the smallest set that runs `cmake --preset default`. pkg-config: cmake/Findliburing.cmake asks it first.
-# libopenblas-dev: the example trainer's matrix products (without it they run in its own loops).
-base=(g++ cmake ninja-build pkg-config nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev libopenblas-dev)
+# libopenblas-openmp-dev: the example trainer's matrix products (OpenBLAS's OpenMP build; without it they run in
+# the model's own loops).
+base=(g++ cmake ninja-build pkg-config nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev
+      libopenblas-openmp-dev)
 # The tests besides: the MPI communicator's tests (mpiexec), the PyTorch exporter's test (a venv from
 # tools/python-env.sh needs python3-venv), bench/compare/nvme.sh (fio).
 tests=(libopenmpi-dev openmpi-bin python3 python3-venv fio)
