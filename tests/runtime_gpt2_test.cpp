@@ -64,13 +64,15 @@ struct run_options {
   std::size_t* streamed = nullptr;
   dtype type = dtype::fp32;  // the chunks' parameters and gradients (bf16: fp32 master weights and moments)
   const std::vector<std::vector<float>>* initial = nullptr;  // initial parameters per tensor (else the seed's)
+  bool recompute = false;  // activation checkpointing in the trainer's schedule
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
 /// rank 0.
 template <class Plan>
 std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, const run_options& run = {}) {
-  const auto config = tiny(1);
+  auto config = tiny(1);
+  config.recompute = run.recompute;
   auto model = gpt2_profile(gpt2::profile_config(config));
   for (auto& tensor : model.tensors) tensor.type = run.type;
   const int micro = std::max(run.micro_batches, 1);
@@ -549,5 +551,12 @@ TEST_CASE("training from an imported llm.c checkpoint equals the reference train
     check_equal(train<zero3_plan>(ranks, {.initial = &imported}).first, expected);
     // Not the seed's run: the import took effect.
     CHECK(expected != reference(ranks));
+  }
+}
+
+TEST_CASE("activation checkpointing on chunk memory trains to the reference's parameters") {
+  for (const int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    check_equal(train<zero3_plan>(ranks, {.recompute = true}).first, reference(ranks));
   }
 }

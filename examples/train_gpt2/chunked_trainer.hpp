@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,47 +47,6 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::cached<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>>;
-
-/// Records the schedule into chunkwise's tracer: each pass's tensors, FLOPs, the activations it keeps (freed by the
-/// backward pass of the same label) and its scratch. Runs no maths.
-class tracing_executor {
- public:
-  tracing_executor(const model_config& config, chunkwise::dtype type) : trace_("gpt2-example") {
-    for (const auto& tensor : parameter_tensors(config))
-      handles_.push_back(trace_.register_tensor(
-          tensor.name, tensor.elements, {type, chunkwise::tensor_role::parameter, tensor.name == "wte"}));
-  }
-  template <class Body>
-  void pass(const pass_info& info, Body&&) {
-    trace_.begin_pass(info.label.c_str(), info.kind);
-    for (const auto t : info.tensors) trace_.touch(handles_[t]);
-    if (info.scratch > 0) trace_.free_activation(trace_.allocate_activation(info.scratch));
-    if (info.kind == chunkwise::pass_kind::backward) {
-      const auto saved = saved_.find(info.label);
-      if (saved != saved_.end()) trace_.free_activation(saved->second), saved_.erase(saved);
-    } else if (info.saved > 0) {
-      saved_.emplace(info.label, trace_.allocate_activation(info.saved));
-    }
-    trace_.add_flops(info.flops);
-    trace_.end_pass();
-  }
-  chunkwise::model_profile profile() { return trace_.profile(); }
-
- private:
-  chunkwise::tracer trace_;
-  std::vector<chunkwise::tensor_handle> handles_;
-  std::map<std::string, chunkwise::activation_handle> saved_;
-};
-
-/// The model profile: a dry run of the training step's schedule (schedule.hpp) against the tracer, no tensor memory.
-/// `type`: the chunks' parameters and gradients (bf16/fp16: mixed precision, fp32 master weights and Adam states).
-inline chunkwise::model_profile trace_profile(const model_config& config,
-                                              chunkwise::dtype type = chunkwise::dtype::fp32) {
-  tracing_executor trace(config, type);
-  forward(trace, config, nullptr, nullptr);
-  backward(trace, config, nullptr, nullptr);
-  return trace.profile();
-}
 
 /// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
 /// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch of the model,

@@ -58,6 +58,7 @@ struct model_config {
   std::size_t layers = 4;      // L
   std::size_t batch = 4;       // B: sequences per step
   std::size_t padded_vocab = 0;  // Vp: rows of wte and of the logits (llm.c pads V to a multiple of 128; 0: V)
+  bool recompute = false;  // activation checkpointing: blocks keep only their output, backward recomputes the rest
 
   /// Rows of wte and of the logits: Vp when padded, else V. The padded rows are never a target: their logits are
   /// computed and ignored, as in llm.c, so they get no gradient.
@@ -186,17 +187,17 @@ template <class Real>
 struct activations {
   explicit activations(const model_config& config)
       : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
-        Vp(config.vocab_rows()) {
+        Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
     validate(config);
-    const std::size_t BT = B * T, BTC = B * T * C;
+    const std::size_t BT = B * T, BTC = B * T * C, S = slots;
     auto sized = [](std::size_t n) { return std::vector<Real>(n, Real(0)); };
     encoded = sized(BTC);
-    ln1 = sized(L * BTC), ln1_mean = sized(L * BT), ln1_rstd = sized(L * BT);
-    qkv = sized(L * BTC * 3), atty = sized(L * BTC);
-    preatt = sized(L * B * NH * T * T), att = sized(L * B * NH * T * T);
-    attproj = sized(L * BTC), residual2 = sized(L * BTC);
-    ln2 = sized(L * BTC), ln2_mean = sized(L * BT), ln2_rstd = sized(L * BT);
-    fch = sized(L * BTC * 4), fch_gelu = sized(L * BTC * 4), fcproj = sized(L * BTC), residual3 = sized(L * BTC);
+    ln1 = sized(S * BTC), ln1_mean = sized(S * BT), ln1_rstd = sized(S * BT);
+    qkv = sized(S * BTC * 3), atty = sized(S * BTC);
+    preatt = sized(S * B * NH * T * T), att = sized(S * B * NH * T * T);
+    attproj = sized(S * BTC), residual2 = sized(S * BTC);
+    ln2 = sized(S * BTC), ln2_mean = sized(S * BT), ln2_rstd = sized(S * BT);
+    fch = sized(S * BTC * 4), fch_gelu = sized(S * BTC * 4), fcproj = sized(S * BTC), residual3 = sized(L * BTC);
     lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
     logits = sized(BT * Vp), probs = sized(BT * Vp), losses = sized(BT);
 
@@ -209,7 +210,8 @@ struct activations {
   }
 
   /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
-  /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp).
+  /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp); under recompute the per-layer terms
+  /// count one slot besides the L outputs.
   [[nodiscard]] std::size_t saved_elements() const noexcept {
     std::size_t n = 0;
     for (const auto* buffer : {&encoded, &ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &preatt, &att, &attproj,
@@ -220,8 +222,14 @@ struct activations {
   }
 
   std::size_t B, T, C, NH, L, V, Vp;  // V: tokens; Vp: rows of wte and the logits (V, or llm.c's padding)
+  std::size_t slots;  // layers whose intermediate activations are held: L, or 1 under recompute
 
-  // Forward. Per-layer buffers hold all L layers; layer l's slice starts at l times the slice size.
+  /// Where layer l's intermediate activations live (every buffer but residual3): its own slice, or under recompute
+  /// the one slice every layer's forward writes and its backward recomputes.
+  [[nodiscard]] std::size_t slot(std::size_t l) const noexcept { return slots == L ? l : 0; }
+
+  // Forward. Per-layer buffers hold `slots` layers (slot(l) times the slice size); residual3 holds all L outputs, the
+  // checkpoints recompute starts from.
   std::vector<Real> encoded;                  // (B, T, C)       token + position embedding: the input of layer 0
   std::vector<Real> ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
   std::vector<Real> qkv;                      // (L, B, T, 3C)   queries, keys, values
@@ -594,23 +602,23 @@ void embed_forward(const Real* wte, const Real* wpe, const int* tokens, activati
 template <class Real>
 void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<Real>& acts) {
   const std::size_t B = acts.B, T = acts.T, C = acts.C, NH = acts.NH;
-  const std::size_t BT = B * T, BTC = B * T * C, l = layer;
+  const std::size_t BT = B * T, BTC = B * T * C, l = layer, s = acts.slot(layer);
   const Real* residual = l == 0 ? acts.encoded.data() : acts.residual3.data() + (l - 1) * BTC;
-  Real* ln1 = acts.ln1.data() + l * BTC;
-  Real* ln1_mean = acts.ln1_mean.data() + l * BT;
-  Real* ln1_rstd = acts.ln1_rstd.data() + l * BT;
-  Real* qkv = acts.qkv.data() + l * BTC * 3;
-  Real* atty = acts.atty.data() + l * BTC;
-  Real* preatt = acts.preatt.data() + l * B * NH * T * T;
-  Real* att = acts.att.data() + l * B * NH * T * T;
-  Real* attproj = acts.attproj.data() + l * BTC;
-  Real* residual2 = acts.residual2.data() + l * BTC;
-  Real* ln2 = acts.ln2.data() + l * BTC;
-  Real* ln2_mean = acts.ln2_mean.data() + l * BT;
-  Real* ln2_rstd = acts.ln2_rstd.data() + l * BT;
-  Real* fch = acts.fch.data() + l * BTC * 4;
-  Real* fch_gelu = acts.fch_gelu.data() + l * BTC * 4;
-  Real* fcproj = acts.fcproj.data() + l * BTC;
+  Real* ln1 = acts.ln1.data() + s * BTC;
+  Real* ln1_mean = acts.ln1_mean.data() + s * BT;
+  Real* ln1_rstd = acts.ln1_rstd.data() + s * BT;
+  Real* qkv = acts.qkv.data() + s * BTC * 3;
+  Real* atty = acts.atty.data() + s * BTC;
+  Real* preatt = acts.preatt.data() + s * B * NH * T * T;
+  Real* att = acts.att.data() + s * B * NH * T * T;
+  Real* attproj = acts.attproj.data() + s * BTC;
+  Real* residual2 = acts.residual2.data() + s * BTC;
+  Real* ln2 = acts.ln2.data() + s * BTC;
+  Real* ln2_mean = acts.ln2_mean.data() + s * BT;
+  Real* ln2_rstd = acts.ln2_rstd.data() + s * BT;
+  Real* fch = acts.fch.data() + s * BTC * 4;
+  Real* fch_gelu = acts.fch_gelu.data() + s * BTC * 4;
+  Real* fcproj = acts.fcproj.data() + s * BTC;
   Real* residual3 = acts.residual3.data() + l * BTC;
 
   using namespace kernels;
@@ -676,20 +684,20 @@ template <class Real>
 void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_grads<Real>& g,
                     activations<Real>& acts) {
   const std::size_t B = acts.B, T = acts.T, C = acts.C, NH = acts.NH;
-  const std::size_t BT = B * T, BTC = B * T * C, l = layer;
+  const std::size_t BT = B * T, BTC = B * T * C, l = layer, s = acts.slot(layer);
   const Real* residual = l == 0 ? acts.encoded.data() : acts.residual3.data() + (l - 1) * BTC;
-  const Real* ln1 = acts.ln1.data() + l * BTC;
-  const Real* ln1_mean = acts.ln1_mean.data() + l * BT;
-  const Real* ln1_rstd = acts.ln1_rstd.data() + l * BT;
-  const Real* qkv = acts.qkv.data() + l * BTC * 3;
-  const Real* atty = acts.atty.data() + l * BTC;
-  const Real* att = acts.att.data() + l * B * NH * T * T;
-  const Real* residual2 = acts.residual2.data() + l * BTC;
-  const Real* ln2 = acts.ln2.data() + l * BTC;
-  const Real* ln2_mean = acts.ln2_mean.data() + l * BT;
-  const Real* ln2_rstd = acts.ln2_rstd.data() + l * BT;
-  const Real* fch = acts.fch.data() + l * BTC * 4;
-  const Real* fch_gelu = acts.fch_gelu.data() + l * BTC * 4;
+  const Real* ln1 = acts.ln1.data() + s * BTC;
+  const Real* ln1_mean = acts.ln1_mean.data() + s * BT;
+  const Real* ln1_rstd = acts.ln1_rstd.data() + s * BT;
+  const Real* qkv = acts.qkv.data() + s * BTC * 3;
+  const Real* atty = acts.atty.data() + s * BTC;
+  const Real* att = acts.att.data() + s * B * NH * T * T;
+  const Real* residual2 = acts.residual2.data() + s * BTC;
+  const Real* ln2 = acts.ln2.data() + s * BTC;
+  const Real* ln2_mean = acts.ln2_mean.data() + s * BT;
+  const Real* ln2_rstd = acts.ln2_rstd.data() + s * BT;
+  const Real* fch = acts.fch.data() + s * BTC * 4;
+  const Real* fch_gelu = acts.fch_gelu.data() + s * BTC * 4;
   const Real* dresidual3 = acts.dresidual.data() + (l + 1) * BTC;  // d(output of this layer)
   Real* dresidual = acts.dresidual.data() + l * BTC;               // d(input of this layer)
 

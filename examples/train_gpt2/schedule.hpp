@@ -12,12 +12,18 @@
 // An executor provides `template <class Body> void pass(const pass_info&, Body&& body)`, which calls (or not)
 // body(x) with an accessor x: x.param(t) and x.grad(t) (Real*, tensor t in parameter_tensors order; grad only in
 // backward passes) and x.acts() (activations<Real>&).
+//
+// Activation checkpointing (model_config::recompute): each block's forward keeps only its output; its backward pass
+// runs the block's forward again before its backward, so the activations of one block are live at a time instead of
+// all L (a third more block FLOPs; the passes' saved and scratch bytes say so, and the planner sees them).
 #include "gpt2_model.hpp"
 
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/profile/tracer.hpp>
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -47,11 +53,18 @@ inline std::vector<std::size_t> layer_tensors(std::size_t layer) {
 // The bytes (fp32 activations) and FLOPs of the passes: what chunkwise/profile/gpt2.hpp counts analytically.
 struct pass_costs {
   explicit pass_costs(const model_config& config)
-      : B(config.batch), T(config.context), C(config.channels), Vp(config.vocab_rows()), H(config.heads) {}
+      : B(config.batch), T(config.context), C(config.channels), Vp(config.vocab_rows()), H(config.heads),
+        recompute(config.recompute) {}
   std::uint64_t B, T, C, Vp, H;
+  bool recompute;
   static constexpr chunkwise::byte_count f = sizeof(float);
   chunkwise::byte_count embed() const { return B * T * C * f; }
   chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
+  // Under recompute a block keeps only its output (B*T*C) and works in the one shared slice of the rest.
+  chunkwise::byte_count layer_saved() const { return recompute ? B * T * C * f : layer(); }
+  chunkwise::byte_count layer_forward_scratch() const { return recompute ? layer() - B * T * C * f : 0; }
+  chunkwise::byte_count layer_backward_scratch() const { return layer() + layer_forward_scratch(); }
+  std::uint64_t layer_backward_flops() const { return (recompute ? 3 : 2) * layer_flops(); }
   chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
   chunkwise::byte_count head_scratch() const { return B * T * Vp * f; }
   std::uint64_t layer_flops() const { return 2 * B * T * 12 * C * C + 4 * B * T * T * C; }
@@ -86,8 +99,8 @@ double forward(Executor& run, const model_config& config, const int* tokens, con
   run.pass({"embed", pass_kind::forward, {wte_index, wpe_index}, cost.embed(), 0, 0},
            [&](auto& x) { embed_forward(x.param(wte_index), x.param(wpe_index), tokens, x.acts()); });
   for (std::size_t l = 0; l < config.layers; ++l)
-    run.pass({"h." + std::to_string(l), pass_kind::forward, schedule_detail::layer_tensors(l), cost.layer(), 0,
-              cost.layer_flops()},
+    run.pass({"h." + std::to_string(l), pass_kind::forward, schedule_detail::layer_tensors(l), cost.layer_saved(),
+              cost.layer_forward_scratch(), cost.layer_flops()},
              [&](auto& x) { layer_forward(l, schedule_detail::layer_params_of(x, l), x.acts()); });
   run.pass({"head", pass_kind::forward, {lnf_w, lnf_b, wte_index}, cost.head(), 0, cost.head_flops()}, [&](auto& x) {
     loss = static_cast<double>(head_forward(x.param(lnf_w), x.param(lnf_b), x.param(wte_index), targets, x.acts()));
@@ -108,14 +121,58 @@ void backward(Executor& run, const model_config& config, const int* tokens, cons
                            targets, x.acts());
            });
   for (std::size_t l = config.layers; l-- > 0;)
-    run.pass({"h." + std::to_string(l), pass_kind::backward, schedule_detail::layer_tensors(l), 0, cost.layer(),
-              2 * cost.layer_flops()},
+    run.pass({"h." + std::to_string(l), pass_kind::backward, schedule_detail::layer_tensors(l), 0,
+              cost.layer_backward_scratch(), cost.layer_backward_flops()},
              [&](auto& x) {
+               // Activation checkpointing: the block's forward again, from its input (the checkpoint kept), into the
+               // shared slice; the same maths, so the same bits.
+               if (config.recompute) layer_forward(l, schedule_detail::layer_params_of(x, l), x.acts());
                layer_backward(l, schedule_detail::layer_params_of(x, l), schedule_detail::layer_grads_of(x, l),
                               x.acts());
              });
   run.pass({"embed", pass_kind::backward, {wte_index, wpe_index}, 0, cost.embed(), 0},
            [&](auto& x) { embed_backward(x.grad(wte_index), x.grad(wpe_index), tokens, x.acts()); });
+}
+
+/// Records the schedule into chunkwise's tracer: each pass's tensors, FLOPs, the activations it keeps (freed by the
+/// backward pass of the same label) and its scratch. Runs no maths.
+class tracing_executor {
+ public:
+  tracing_executor(const model_config& config, chunkwise::dtype type) : trace_("gpt2-example") {
+    for (const auto& tensor : parameter_tensors(config))
+      handles_.push_back(trace_.register_tensor(
+          tensor.name, tensor.elements, {type, chunkwise::tensor_role::parameter, tensor.name == "wte"}));
+  }
+  template <class Body>
+  void pass(const pass_info& info, Body&&) {
+    trace_.begin_pass(info.label.c_str(), info.kind);
+    for (const auto t : info.tensors) trace_.touch(handles_[t]);
+    if (info.scratch > 0) trace_.free_activation(trace_.allocate_activation(info.scratch));
+    if (info.kind == chunkwise::pass_kind::backward) {
+      const auto saved = saved_.find(info.label);
+      if (saved != saved_.end()) trace_.free_activation(saved->second), saved_.erase(saved);
+    } else if (info.saved > 0) {
+      saved_.emplace(info.label, trace_.allocate_activation(info.saved));
+    }
+    trace_.add_flops(info.flops);
+    trace_.end_pass();
+  }
+  chunkwise::model_profile profile() { return trace_.profile(); }
+
+ private:
+  chunkwise::tracer trace_;
+  std::vector<chunkwise::tensor_handle> handles_;
+  std::map<std::string, chunkwise::activation_handle> saved_;
+};
+
+/// The model profile: a dry run of the training step's schedule (schedule.hpp) against the tracer, no tensor memory.
+/// `type`: the chunks' parameters and gradients (bf16/fp16: mixed precision, fp32 master weights and Adam states).
+inline chunkwise::model_profile trace_profile(const model_config& config,
+                                              chunkwise::dtype type = chunkwise::dtype::fp32) {
+  tracing_executor trace(config, type);
+  forward(trace, config, nullptr, nullptr);
+  backward(trace, config, nullptr, nullptr);
+  return trace.profile();
 }
 
 }  // namespace gpt2

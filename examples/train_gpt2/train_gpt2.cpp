@@ -22,6 +22,8 @@
 //   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
+//   --recompute auto|on|off (activation checkpointing: each block keeps only its output and backward recomputes its
+//   forward; auto: on when no plan fits the device, or the machine's memory, with every block's activations kept)
 //   --matmul blas|loops (blas: the host's matrix products through OpenBLAS, where the build found it; loops: the
 //   model's own OpenMP loops, bit-identical for any thread count)
 //   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
@@ -89,6 +91,7 @@ struct options {
   bool resume = false;
   std::string nvme_dir;
   std::string backend = "host";
+  std::string recompute = "auto";  // activation checkpointing: auto (when nothing fits without it), on, off
   std::string matmul = "blas";  // host backend: blas (OpenBLAS, where built) or loops (gpt2_model.hpp's own)
   std::string init_from;  // an llm.c checkpoint: the model's shape and initial parameters
   std::string save_llmc;  // where to write the trained parameters as an llm.c checkpoint
@@ -153,6 +156,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--nvme-dir") o.nvme_dir = value();
     else if (flag == "--backend") o.backend = value();
     else if (flag == "--matmul") o.matmul = value();
+    else if (flag == "--recompute") o.recompute = value();
     else if (flag == "--help" || flag == "-h") {
       std::printf("see the comment at the top of examples/train_gpt2/train_gpt2.cpp for the flags\n");
       std::exit(0);
@@ -163,6 +167,9 @@ options parse(int argc, char** argv) {
   if (o.ranks > 64) throw_error(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
   if (o.backend != "host" && o.backend != "cuda")
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
+  if (o.recompute != "auto" && o.recompute != "on" && o.recompute != "off")
+    throw_error(error_code::invalid_argument, "--recompute '" + o.recompute + "': use auto, on or off");
+  o.model.recompute = o.recompute == "on";
   if (o.matmul != "blas" && o.matmul != "loops")
     throw_error(error_code::invalid_argument, "--matmul '" + o.matmul + "': use blas or loops");
   if (o.resume && o.checkpoint.empty())
@@ -185,18 +192,38 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// The activations the trainer keeps per rank for a shape (the profile's peak: forward's saved tensors plus a pass's
-/// working set), in host memory as llm.c keeps them.
+/// The activations the trainer keeps per rank for a shape (the traced schedule's peak: forward's saved tensors plus a
+/// pass's working set; under recompute one block's), in host memory as llm.c keeps them.
 byte_count activation_bytes(const gpt2::model_config& config) {
-  return gpt2_profile(gpt2::profile_config(config)).peak_activation_bytes();
+  return gpt2::trace_profile(config).peak_activation_bytes();
+}
+
+/// The model profile the planner sees: the schedule traced for this run's shape, precision and recompute setting.
+model_profile traced_model(const options& o) {
+  model_profile traced = gpt2::trace_profile(o.model, o.type);
+  // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
+  traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
+  return traced;
 }
 
 /// Refuses a shape whose activations this machine's memory cannot hold, before anything allocates them: what it
-/// needs, what there is, and the longest context and largest batch that would fit.
-void check_activations_fit(const options& o, byte_count host_memory) {
+/// needs, what there is, and the longest context and largest batch that would fit. Under --recompute auto, a shape
+/// that fits only with activation checkpointing turns it on (and says so).
+void check_activations_fit(options& o, byte_count host_memory) {
   const auto ranks = static_cast<byte_count>(o.ranks);
   const byte_count needed = activation_bytes(o.model) * ranks;
   if (host_memory == 0 || needed <= host_memory) return;
+  if (o.recompute == "auto" && !o.model.recompute) {
+    gpt2::model_config checkpointed = o.model;
+    checkpointed.recompute = true;
+    if (activation_bytes(checkpointed) * ranks <= host_memory) {
+      std::printf("activation checkpointing: on (every block's activations need %s, this machine has %s; recomputing "
+                  "each block in backward keeps %s)\n", format_bytes(needed).c_str(), format_bytes(host_memory).c_str(),
+                  format_bytes(activation_bytes(checkpointed) * ranks).c_str());
+      o.model.recompute = true;
+      return;
+    }
+  }
   // The largest value of `field` below its current one whose activations fit (0 if none does).
   const auto largest = [&](std::size_t gpt2::model_config::*field) {
     std::size_t low = 0, high = o.model.*field;
@@ -218,7 +245,8 @@ void check_activations_fit(const options& o, byte_count host_memory) {
                   std::to_string(o.model.context) + " need " + format_bytes(needed) + " (" +
                   std::to_string(o.ranks) +
                   " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " + format_bytes(host_memory) + " of memory; what would fit: " + fits +
-                  " (fewer ranks, or fewer layers, also shrink them; activation checkpointing is not implemented yet)");
+                  std::string(o.model.recompute ? " (with activation checkpointing already on" : " (with --recompute off") +
+                  "; fewer ranks or layers also shrink them)");
 }
 
 /// The training state as the planner counts it (fp32 parameters, gradients and Adam's m and v) against the device
@@ -522,7 +550,7 @@ int main(int argc, char** argv) {
     ::execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
   }
   try {
-    const options o = parse(argc, argv);
+    options o = parse(argc, argv);
     if (o.backend == "host" && o.matmul == "blas") {
 #if CHUNKWISE_GPT2_BLAS
       // The cores shared among the ranks (each rank's products run beside the others').
@@ -543,12 +571,7 @@ int main(int argc, char** argv) {
                                              "toolkit was not found, or CHUNKWISE_CUDA=OFF)");
 #endif
     }
-    const model_profile model = [&] {
-      model_profile traced = gpt2::trace_profile(o.model, o.type);
-      // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
-      traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
-      return traced;
-    }();
+    model_profile model = traced_model(o);
     std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
                 "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
                 "live and move (the plan) and says why.\n\n");
@@ -573,6 +596,7 @@ int main(int argc, char** argv) {
         measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
     const byte_count measured_memory = machine.device_memory;
     check_activations_fit(o, machine.host_memory);
+    if (o.model.recompute) model = traced_model(o);
     if (o.device_budget != 0) machine.device_memory = o.device_budget;
     // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
     const double gemm_flops = machine.device_flops_per_second;
@@ -593,7 +617,25 @@ int main(int argc, char** argv) {
     std::array<prediction, plan_set::size> plans;
     std::size_t best = 0;
     try {
-      const auto choice = choose<plan_set>(model, machine);
+      auto choice = [&] {
+        try {
+          return choose<plan_set>(model, machine);
+        } catch (const chunkwise::error& e) {
+          // No plan fits with every block's activations kept: activation checkpointing, when it makes one fit.
+          if (e.code() != error_code::out_of_memory || o.recompute != "auto" || o.model.recompute) throw;
+          options checkpointed = o;
+          checkpointed.model.recompute = true;
+          const model_profile smaller = traced_model(checkpointed);
+          auto fits = choose<plan_set>(smaller, machine);  // throws the same way when even that does not fit
+          std::printf("activation checkpointing: on (no plan fits the device with every block's activations kept, "
+                      "%s at their peak; recomputing each block in backward keeps %s)\n",
+                      format_bytes(model.peak_activation_bytes()).c_str(),
+                      format_bytes(smaller.peak_activation_bytes()).c_str());
+          o.model.recompute = true;
+          model = smaller;
+          return fits;
+        }
+      }();
       plans = choice.plans;
       best = choice.index;
     } catch (const chunkwise::error& e) {
