@@ -71,19 +71,23 @@ struct pass_costs {
   std::uint64_t head_flops() const { return 2 * B * T * C * Vp; }
 };
 
+// The 12 pointers of one block's tensors, each from get(tensor index): its parameters or its gradients.
+template <class Pointers, class Get>
+Pointers layer_pointers(std::size_t layer, Get&& get) {
+  Pointers pointers;
+  for (std::size_t t = 0; t < layer_tensor_count; ++t)
+    pointers.tensor[t] = get(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
+  return pointers;
+}
 template <class Accessor>
 auto layer_params_of(Accessor& x, std::size_t layer) {
-  layer_params<std::remove_pointer_t<decltype(x.param(0))>> p;
-  for (std::size_t t = 0; t < layer_tensor_count; ++t)
-    p.tensor[t] = x.param(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
-  return p;
+  using real = std::remove_pointer_t<decltype(x.param(0))>;
+  return layer_pointers<layer_params<real>>(layer, [&](std::size_t t) { return x.param(t); });
 }
 template <class Accessor>
 auto layer_grads_of(Accessor& x, std::size_t layer) {
-  layer_grads<std::remove_pointer_t<decltype(x.grad(0))>> g;
-  for (std::size_t t = 0; t < layer_tensor_count; ++t)
-    g.tensor[t] = x.grad(layer_tensor_index(layer, static_cast<layer_tensor>(t)));
-  return g;
+  using real = std::remove_pointer_t<decltype(x.grad(0))>;
+  return layer_pointers<layer_grads<real>>(layer, [&](std::size_t t) { return x.grad(t); });
 }
 
 }  // namespace schedule_detail
