@@ -98,6 +98,11 @@ struct options {
   bool shape_given = false;  // --layers, --channels, --heads or --vocab (an imported checkpoint sets the shape)
 };
 
+/// The cores each rank's BLAS products and AdamW may use: the machine's, shared among the thread ranks.
+unsigned cores_per_rank(const options& o) {
+  return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
+}
+
 /// The learning rate of each step: warm-up, then constant or cosine decay over the run.
 optim::warmup_cosine schedule(const options& o) {
   return {.peak = o.lr, .warmup = o.warmup, .total = o.steps, .final_fraction = o.lr_final_fraction};
@@ -169,7 +174,6 @@ options parse(int argc, char** argv) {
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.recompute != "auto" && o.recompute != "on" && o.recompute != "off")
     throw_error(error_code::invalid_argument, "--recompute '" + o.recompute + "': use auto, on or off");
-  o.model.recompute = o.recompute == "on";
   if (o.matmul != "blas" && o.matmul != "loops")
     throw_error(error_code::invalid_argument, "--matmul '" + o.matmul + "': use blas or loops");
   if (o.resume && o.checkpoint.empty())
@@ -188,6 +192,7 @@ options parse(int argc, char** argv) {
     if (!context_given) o.model.context = std::min<std::size_t>(context, o.model.context);
     else o.model.context = context;  // longer than maxT: read_checkpoint says so
   }
+  o.model.recompute = o.recompute == "on";  // after --init-from, which replaces the model's shape
   gpt2::validate(o.model);
   return o;
 }
@@ -216,10 +221,11 @@ void check_activations_fit(options& o, byte_count host_memory) {
   if (o.recompute == "auto" && !o.model.recompute) {
     gpt2::model_config checkpointed = o.model;
     checkpointed.recompute = true;
-    if (activation_bytes(checkpointed) * ranks <= host_memory) {
+    const byte_count checkpointed_bytes = activation_bytes(checkpointed) * ranks;
+    if (checkpointed_bytes <= host_memory) {
       std::printf("activation checkpointing: on (every block's activations need %s, this machine has %s; recomputing "
                   "each block in backward keeps %s)\n", format_bytes(needed).c_str(), format_bytes(host_memory).c_str(),
-                  format_bytes(activation_bytes(checkpointed) * ranks).c_str());
+                  format_bytes(checkpointed_bytes).c_str());
       o.model.recompute = true;
       return;
     }
@@ -243,9 +249,9 @@ void check_activations_fit(options& o, byte_count host_memory) {
   throw_error(error_code::out_of_memory,
               "train_gpt2: the activations of batch " + std::to_string(o.model.batch) + " x context " +
                   std::to_string(o.model.context) + " need " + format_bytes(needed) + " (" +
-                  std::to_string(o.ranks) +
-                  " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " + format_bytes(host_memory) + " of memory; what would fit: " + fits +
-                  std::string(o.model.recompute ? " (with activation checkpointing already on" : " (with --recompute off") +
+                  std::to_string(o.ranks) + " rank(s); attention keeps B*heads*T*T scores per layer), this machine has " +
+                  format_bytes(host_memory) + " of memory; what would fit: " + fits +
+                  (o.model.recompute ? " (with activation checkpointing already on" : " (with --recompute off") +
                   "; fewer ranks or layers also shrink them)");
 }
 
@@ -407,8 +413,7 @@ void train(const options& o, const model_profile& model, const machine_profile& 
         runtime_settings.learning_rate = schedule(o);
         runtime_settings.clip_norm = o.clip;
         // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
-        runtime_settings.optimizer_threads =
-            std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
+        runtime_settings.optimizer_threads = cores_per_rank(o);
         // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
         if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
         runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, runtime_settings);
@@ -525,9 +530,9 @@ void train(const options& o, const model_profile& model, const machine_profile& 
           std::vector<std::vector<float>> trained;
           for (std::uint32_t t = 0; t < model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
           if (r == 0) {
-            gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, o.type == dtype::bf16 ? 5 : 3);
-            std::printf("saved the parameters as an llm.c checkpoint (version %d): %s\n", o.type == dtype::bf16 ? 5 : 3,
-                        o.save_llmc.c_str());
+            const int version = o.type == dtype::bf16 ? 5 : 3;  // llm.c's bf16 and fp32 formats
+            gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, version);
+            std::printf("saved the parameters as an llm.c checkpoint (version %d): %s\n", version, o.save_llmc.c_str());
           }
         }
       } catch (...) {
@@ -554,12 +559,12 @@ int main(int argc, char** argv) {
     if (o.backend == "host" && o.matmul == "blas") {
 #if CHUNKWISE_GPT2_BLAS
       // The cores shared among the ranks (each rank's products run beside the others').
-      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      gpt2::installed_matmul_engine() = &gpt2::blas_matmul_engine(std::max(1, cores / o.ranks));
+      const auto threads = static_cast<int>(cores_per_rank(o));
+      gpt2::installed_matmul_engine() = &gpt2::blas_matmul_engine(threads);
       std::printf("matrix products: %s, %d thread(s) per rank (--matmul loops: the model's own loops)\n",
-                  gpt2::installed_matmul_engine()->name, std::max(1, cores / o.ranks));
+                  gpt2::installed_matmul_engine()->name, threads);
 #else
-      std::printf("matrix products: the model's own loops (this build found no OpenBLAS: libopenblas-dev)\n");
+      std::printf("matrix products: the model's own loops (this build found no OpenBLAS: libopenblas-openmp-dev)\n");
 #endif
     }
     if (o.backend == "cuda") {

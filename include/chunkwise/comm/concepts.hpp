@@ -57,7 +57,7 @@ constexpr dtype dtype_of() noexcept {
 
 /// Optional: an all-gather whose input is still being filled. `before` runs where the operation runs (a worker
 /// thread, say) and returns once `in` holds its bytes, so the caller issues the gather now, in its place in the rank's
-/// order, without waiting. Communicators without it: the caller waits first (detail::all_gather_after).
+/// order, without waiting. Communicators without it: the caller waits first (chunk_collectives::gather_params).
 template <class C, class T>
 concept gathers_after_input = requires(C& comm, std::span<const T> in, std::span<T> out, std::function<void()> before) {
   { comm.all_gather_after(in, out, std::move(before)) } -> std::same_as<typename C::request>;

@@ -276,20 +276,25 @@ class thread_comm {
 
   template <transferable_element T>
   request all_gather(std::span<const T> in, std::span<T> out) {
-    detail::check_all_gather("thread_comm", in, out, rank_, size());
-    const detail::op_slot mine{.kind = detail::op_kind::all_gather, .element = detail::element_name<T>(),
-                               .bytes = in.size_bytes(), .in = in.data(), .out = out.data()};
-    return submit(mine, gather_body<T>(out, in.size()));
+    return all_gather_after(in, out, {});
   }
 
-  /// all_gather whose input is still being filled: this rank's worker runs `before` (waits for the input) and then
-  /// meets its peers; the caller does not wait.
+  /// all_gather whose input is still being filled: this rank's worker runs `before` (waits for the input; may be
+  /// empty) and then meets its peers; the caller does not wait.
   template <transferable_element T>
   request all_gather_after(std::span<const T> in, std::span<T> out, std::function<void()> before) {
     detail::check_all_gather("thread_comm", in, out, rank_, size());
     const detail::op_slot mine{.kind = detail::op_kind::all_gather, .element = detail::element_name<T>(),
                                .bytes = in.size_bytes(), .in = in.data(), .out = out.data()};
-    return submit(mine, gather_body<T>(out, in.size()), std::move(before));
+    return submit(mine,
+                  [out, count = in.size()](detail::thread_group::view& peers) {
+                    for (int q = 0; q < peers.size(); ++q) {
+                      const T* source = static_cast<const T*>(peers.slot(q).in);
+                      T* target = out.data() + static_cast<std::size_t>(q) * count;
+                      if (source != target && count != 0) std::memcpy(target, source, count * sizeof(T));
+                    }
+                  },
+                  std::move(before));
   }
 
   template <reducible_element T>
@@ -380,18 +385,6 @@ class thread_comm {
   friend class thread_world;
   thread_comm(std::shared_ptr<detail::thread_group> group, int rank, std::shared_ptr<worker_threads> worker)
       : group_(std::move(group)), rank_(rank), worker_(std::move(worker)) {}
-
-  // Copies every rank's block into `out` (blocks of `count`).
-  template <class T>
-  static auto gather_body(std::span<T> out, std::size_t count) {
-    return [out, count](detail::thread_group::view& peers) {
-      for (int q = 0; q < peers.size(); ++q) {
-        const T* source = static_cast<const T*>(peers.slot(q).in);
-        T* target = out.data() + static_cast<std::size_t>(q) * count;
-        if (source != target && count != 0) std::memcpy(target, source, count * sizeof(T));
-      }
-    };
-  }
 
   // `before`: runs on the worker before this rank arrives (an input still being filled); if it throws, the group
   // fails at once with its reason.

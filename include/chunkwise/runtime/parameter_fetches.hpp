@@ -67,8 +67,7 @@ class parameter_fetches {
       std::function<void()> home_ready;
       const std::byte* home = nullptr;
       if (prefetch) {
-        auto lent = homes_->acquire_ahead(b.index);
-        b.home_held = homes_->streamed(b.index);
+        auto lent = lend_home_ahead(b);
         home = lent.data;
         if (!lent.filled.ready()) home_ready = [filled = std::move(lent.filled)] { filled.wait(); };
         ++gathers_ahead_;
@@ -150,9 +149,14 @@ class parameter_fetches {
   }
 
  private:
+  // The home's device copy; a streamed home's cache block is held until return_home.
   std::byte* lend_home(record& b) {
     b.home_held = homes_->streamed(b.index);
     return homes_->acquire(b.index);
+  }
+  auto lend_home_ahead(record& b) {
+    b.home_held = homes_->streamed(b.index);
+    return homes_->acquire_ahead(b.index);
   }
   void return_home(record& b) {
     if (b.home_held) homes_->release(b.index);
