@@ -442,6 +442,41 @@ TEST_CASE("the data loader serves shifted windows of its split in a seeded order
   std::filesystem::remove(small);
 }
 
+TEST_CASE("sharded loaders draw the unsharded global batch between them, across an epoch's end") {
+  // A small file, so that 40 global batches of 6 windows run through several epochs (their ends fall mid-batch).
+  std::string text;
+  for (int i = 0; i < 900; ++i) text += static_cast<char>('a' + (i * 7) % 26);
+  const auto file = temp_file("shards.txt", text);
+  constexpr std::size_t global = 6, context = 16;
+  for (const std::size_t ranks : {1u, 2u, 3u, 6u}) {
+    CAPTURE(ranks);
+    gpt2::data_loader whole(file, gpt2::data_split::train, global, context, 11);
+    std::vector<gpt2::data_loader> shards;
+    for (std::size_t r = 0; r < ranks; ++r)
+      shards.emplace_back(file, gpt2::data_split::train, global, context, 11, 256, gpt2::batch_shard{r, ranks});
+    for (int step = 0; step < 40; ++step) {
+      whole.next_batch();
+      std::vector<int> tokens, targets;
+      for (auto& shard : shards) {
+        shard.next_batch();
+        CHECK(shard.tokens().size() == global / ranks * context);
+        tokens.insert(tokens.end(), shard.tokens().begin(), shard.tokens().end());
+        targets.insert(targets.end(), shard.targets().begin(), shard.targets().end());
+      }
+      REQUIRE(tokens == std::vector<int>(whole.tokens().begin(), whole.tokens().end()));
+      REQUIRE(targets == std::vector<int>(whole.targets().begin(), whole.targets().end()));
+    }
+    CHECK(whole.epoch() >= 2);
+  }
+  try {
+    gpt2::data_loader(file, gpt2::data_split::train, global, context, 11, 256, gpt2::batch_shard{0, 4});
+    FAIL("no error for 4 shards of a batch of 6");
+  } catch (const chunkwise::error& e) {
+    CHECK(std::string(e.what()).find("cannot take an equal share of a global batch of 6 rows") != std::string::npos);
+  }
+  std::filesystem::remove(file);
+}
+
 TEST_CASE("the data loader refuses a missing file and a split shorter than one window") {
   try {
     gpt2::data_loader(std::filesystem::path("/nonexistent/kjv.txt"), gpt2::data_split::train, 2, 16);

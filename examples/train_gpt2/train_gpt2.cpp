@@ -39,6 +39,7 @@
 #include <chunkwise/runtime/runtime.hpp>
 
 #include "chunked_trainer.hpp"
+#include "process_ranks.hpp"
 #include "data_loader.hpp"
 #if CHUNKWISE_GPT2_BLAS
 #include "blas_matmul.hpp"
@@ -51,6 +52,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -58,6 +60,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -75,6 +78,10 @@ struct options {
   gpt2::model_config model{256, 64, 256, 4, 8, 2};
   std::size_t steps = 200;
   int ranks = 1;
+  int ranks_here = 1;  // the ranks sharing this machine's cores and memory: all of them as threads
+  std::string comm = "threads";  // the ranks: threads of this process, or MPI processes (mpi)
+  std::size_t global_batch = 0;  // --global-batch: rows of all ranks together (0: --batch rows per rank)
+  bool batch_given = false;
   std::string plan;
   byte_count device_budget = default_device_budget;  // per rank; 0: the machine's measured memory
   bool device_budget_given = false;
@@ -98,9 +105,9 @@ struct options {
   bool shape_given = false;  // --layers, --channels, --heads or --vocab (an imported checkpoint sets the shape)
 };
 
-/// The cores each rank's BLAS products and AdamW may use: the machine's, shared among the thread ranks.
+/// The cores each rank's BLAS products and AdamW may use: the machine's, shared among the ranks on it.
 unsigned cores_per_rank(const options& o) {
-  return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
+  return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks_here));
 }
 
 /// The learning rate of each step: warm-up, then constant or cosine decay over the run.
@@ -152,7 +159,9 @@ options parse(int argc, char** argv) {
     else if (flag == "--init-from") o.init_from = value();
     else if (flag == "--save-llmc") o.save_llmc = value();
     else if (flag == "--context") o.model.context = count_flag(flag, value()), context_given = true;
-    else if (flag == "--batch") o.model.batch = count_flag(flag, value());
+    else if (flag == "--batch") o.model.batch = count_flag(flag, value()), o.batch_given = true;
+    else if (flag == "--global-batch") o.global_batch = count_flag(flag, value());
+    else if (flag == "--comm") o.comm = value();
     else if (flag == "--data") o.data = value();
     else if (flag == "--measure-cache") o.measure_cache = value();
     else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
@@ -170,6 +179,12 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.ranks > 64) throw_error(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
+  o.ranks_here = o.ranks;
+  if (o.comm != "threads" && o.comm != "mpi")
+    throw_error(error_code::invalid_argument, "--comm '" + o.comm + "': use threads or mpi");
+  if (o.global_batch != 0 && o.batch_given)
+    throw_error(error_code::invalid_argument, "--batch (rows per rank) and --global-batch (rows of all ranks) "
+                                              "are two ways to say one thing; give one");
   if (o.backend != "host" && o.backend != "cuda")
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.recompute != "auto" && o.recompute != "on" && o.recompute != "off")
@@ -193,8 +208,20 @@ options parse(int argc, char** argv) {
     else o.model.context = context;  // longer than maxT: read_checkpoint says so
   }
   o.model.recompute = o.recompute == "on";  // after --init-from, which replaces the model's shape
-  gpt2::validate(o.model);
   return o;
+}
+
+/// The rank count settles the rows per rank (--global-batch, shared equally) once the ranks are known (under
+/// --comm mpi: the processes the launcher started).
+void settle_batch(options& o) {
+  if (o.global_batch != 0) {
+    if (o.global_batch % static_cast<std::size_t>(o.ranks) != 0)
+      throw_error(error_code::invalid_argument,
+                  "--global-batch " + std::to_string(o.global_batch) + " cannot be shared equally by " +
+                      std::to_string(o.ranks) + " ranks; use a multiple of " + std::to_string(o.ranks));
+    o.model.batch = o.global_batch / static_cast<std::size_t>(o.ranks);
+  }
+  gpt2::validate(o.model);
 }
 
 /// The activations the trainer keeps per rank for a shape (the traced schedule's peak: forward's saved tensors plus a
@@ -215,7 +242,7 @@ model_profile traced_model(const options& o) {
 /// needs, what there is, and the longest context and largest batch that would fit. Under --recompute auto, a shape
 /// that fits only with activation checkpointing turns it on (and says so).
 void check_activations_fit(options& o, byte_count host_memory) {
-  const auto ranks = static_cast<byte_count>(o.ranks);
+  const auto ranks = static_cast<byte_count>(o.ranks_here);  // the ranks whose activations share this machine
   const byte_count needed = activation_bytes(o.model) * ranks;
   if (host_memory == 0 || needed <= host_memory) return;
   if (o.recompute == "auto" && !o.model.recompute) {
@@ -374,167 +401,185 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
   std::printf("  what: %s\n", plan_in_words<Plan>(p).c_str());
 }
 
-/// Trains under Plan: one thread per rank, rank r on the r-th sequences of each global batch.
-template <class Plan>
-void train(const options& o, const model_profile& model, const machine_profile& machine, const prediction& chosen) {
+/// A rank's part of the run, whatever runs it (a thread, a process): the plan's knobs, the device budget per rank
+/// and the initial parameters.
+struct rank_setup {
+  const options& o;
+  const model_profile& model;
+  byte_count device_budget;
+  const prediction& chosen;
+  const tensor_initializer& initialize;
+};
+
+/// A test hook (CHUNKWISE_GPT2_KILL_AT=RANK:STEP): that rank kills itself with SIGKILL in the middle of that step,
+/// after its forward pass, as a crashed or preempted process would go.
+void kill_if_asked(int rank, std::size_t step) {
+  static const char* const at = std::getenv("CHUNKWISE_GPT2_KILL_AT");
+  if (at == nullptr) return;
+  int kill_rank = -1;
+  unsigned long long kill_step = 0;
+  if (std::sscanf(at, "%d:%llu", &kill_rank, &kill_step) == 2 && kill_rank == rank && kill_step == step) {
+    std::fprintf(stderr, "train_gpt2 (rank %d): CHUNKWISE_GPT2_KILL_AT: killed in step %zu\n", rank, step);
+    std::raise(SIGKILL);
+  }
+}
+
+/// Trains rank comm.rank() under Plan on its rows of every global batch (the sampler's shard: no rank waits for
+/// another's data); rank 0 prints the progress and the summary.
+template <class Plan, communicator Comm>
+void train_rank(const rank_setup& setup, Comm& comm) {
+  const options& o = setup.o;
+  const model_profile& model = setup.model;
+  const prediction& chosen = setup.chosen;
   const auto& config = o.model;
+  const int r = comm.rank();
   const std::size_t global_batch = config.batch * static_cast<std::size_t>(o.ranks);
-  gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed, config.vocab);
+  const gpt2::batch_shard shard{static_cast<std::size_t>(r), static_cast<std::size_t>(o.ranks)};
+  gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed, config.vocab,
+                               shard);
   gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed,
-                                    config.vocab);
-  // --init-from: the imported parameters (read once, before the ranks start), else GPT-2's initialisation.
-  std::vector<std::vector<float>> imported;
-  if (!o.init_from.empty()) imported = gpt2::llmc::read_checkpoint(o.init_from, config);
-  const tensor_initializer initialize =
-      imported.empty() ? gpt2::initializer(config, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
-        std::copy(imported[t].begin(), imported[t].end(), values.begin());
-      };
-  thread_world world(o.ranks);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
-  std::vector<std::thread> threads;
-  // Batches are drawn by rank 0 between two barriers, so every rank sees the same global batch.
-  std::vector<int> tokens, targets;
+                                    config.vocab, shard);
   std::vector<double> step_seconds;  // rank 0's time per training step
   float first_loss = 0, last_loss = 0, last_validation = 0;  // rank 0's, for the summary
   const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < o.ranks; ++r)
+  // The device budget the plan was chosen for, and the planner's knobs: chunk size, device blocks, offload.
+  runtime_options runtime_settings;
+  runtime_settings.device_budget = setup.device_budget;
+  runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
+  runtime_settings.device_blocks = chosen.knobs.device_blocks;
+  runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
+  if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
+  // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
+  // clipping, which needs every gradient's norm first).
+  runtime_settings.learning_rate = schedule(o);
+  runtime_settings.clip_norm = o.clip;
+  // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
+  runtime_settings.optimizer_threads = cores_per_rank(o);
+  // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
+  if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
+  runtime<Plan, host_backend, Comm> rt(model, comm, setup.initialize, runtime_settings);
+  fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
+  gpt2::activations<float> acts(config);
+  std::size_t first_step = 1;
+  if (o.resume) {
+    rt.load_checkpoint(o.checkpoint);
+    first_step = rt.steps() + 1;
+    for (std::size_t skipped = 1; skipped < first_step; ++skipped) train_data.next_batch();
+    if (r == 0) std::printf("resumed from %s after step %zu\n", o.checkpoint.c_str(), first_step - 1);
+  }
+  const auto mean_loss = [&](float loss) {  // the global batch's loss: the mean over ranks
+    float all = loss;
+    comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
+    return all;
+  };
+  // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
+  gpt2::chunk_executor passes(rt, compute, acts);
+  const gpt2::data_loader* batch = &train_data;  // the batch the passes read
+  const auto run = [&](bool backward) {
+    passes.restart();
+    const int* x = batch->tokens().data();
+    const int* y = batch->targets().data();
+    const auto loss = static_cast<float>(gpt2::forward(passes, config, x, y));
+    if (backward) {
+      kill_if_asked(r, rt.steps() + 1);
+      gpt2::backward(passes, config, x, y);
+    }
+    return loss;
+  };
+  for (std::size_t step = first_step; step <= o.steps; ++step) {
+    train_data.next_batch();
+    batch = &train_data;
+    const auto step_start = std::chrono::steady_clock::now();
+    rt.zero_grad();
+    const float loss = mean_loss(run(true));
+    rt.step();
+    if (r == 0) {
+      step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double tokens_per_second =
+          static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
+      if (step == first_step) first_loss = loss;
+      last_loss = loss;
+      std::string extra;
+      if (o.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
+      if (o.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
+      if (rt.last_step_skipped()) extra += "  (skipped: gradients overflowed fp16)";
+      std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step,
+                  o.steps, loss, static_cast<double>(schedule(o)(rt.steps() > 0 ? rt.steps() : 1)), extra.c_str(),
+                  step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
+      std::fflush(stdout);
+    }
+    if (step % o.eval_every == 0 || step == o.steps) {
+      // Validation: the forward passes only, after the update (chunks go back to ready or released).
+      validation_data.reset();
+      validation_data.next_batch();
+      batch = &validation_data;
+      const float validation = mean_loss(run(false));
+      if (r == 0) {
+        std::printf("           validation loss %.4f\n", validation);
+        last_validation = validation;
+      }
+      if (!o.checkpoint.empty()) {
+        rt.save_checkpoint(o.checkpoint);
+        if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
+      }
+    }
+  }
+  if (r == 0 && !step_seconds.empty()) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("\ndone: %zu steps in %.1f s; training loss %.4f at step %zu -> %.4f at step %zu, validation "
+                "loss %.4f\n", step_seconds.size(), seconds, first_loss, first_step, last_loss, o.steps,
+                last_validation);
+    const auto moved = rt.traffic();
+    const auto cache = rt.cache_stats();
+    const std::string home(cache.home_space.empty() ? std::string_view("home") : cache.home_space);
+    std::string text;
+    const auto add = [&](byte_count bytes, const std::string& what) {
+      if (bytes != 0) text += (text.empty() ? "" : ", ") + format_bytes(bytes) + " " + what;
+    };
+    add(moved.fetched, "of chunks streamed " + home + "->device (" +
+                           format_bytes(moved.fetched / step_seconds.size()) + " a step)");
+    add(cache.bytes_device_to_home, "written back device->" + home);
+    add(moved.gathered, "gathered from other ranks");
+    add(moved.reduced, "of gradients reduced");
+    add(moved.published, "of updates published");
+    std::printf("moved (rank 0, %zu steps): %s\n", step_seconds.size(), text.empty() ? "nothing" : text.c_str());
+  }
+  if (r == 0 && step_seconds.size() > 1) {
+    // The steady state: the first step (cold caches, first allocations) is left out.
+    std::vector<double> steady(step_seconds.begin() + 1, step_seconds.end());
+    std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
+    std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
+                "device peak %s, pinned host peak %s\n",
+                steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
+                format_bytes(rt.device_stats().peak).c_str(),
+                format_bytes(rt.host_stats().peak).c_str());
+  }
+  if (r == 0 && rt.streamed_chunks() > 0)
+    std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
+                rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
+  if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
+    std::vector<std::vector<float>> trained;
+    for (std::uint32_t t = 0; t < model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
+    if (r == 0) {
+      const int version = o.type == dtype::bf16 ? 5 : 3;  // llm.c's bf16 and fp32 formats
+      gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, version);
+      std::printf("saved the parameters as an llm.c checkpoint (version %d): %s\n", version, o.save_llmc.c_str());
+    }
+  }
+}
+
+/// Trains under Plan with one thread per rank (a communicator over shared memory).
+template <class Plan>
+void train_threads(const rank_setup& setup) {
+  thread_world world(setup.o.ranks);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(setup.o.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < setup.o.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
         auto comm = world.comm(r);
-        // The device budget the plan was chosen for, and the planner's knobs: chunk size, device blocks, offload.
-        runtime_options runtime_settings;
-        runtime_settings.device_budget = machine.device_memory;
-        runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
-        runtime_settings.device_blocks = chosen.knobs.device_blocks;
-        runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
-        if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
-        // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
-        // clipping, which needs every gradient's norm first).
-        runtime_settings.learning_rate = schedule(o);
-        runtime_settings.clip_norm = o.clip;
-        // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
-        runtime_settings.optimizer_threads = cores_per_rank(o);
-        // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
-        if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
-        runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, runtime_settings);
-        fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
-        gpt2::activations<float> acts(config);
-        std::size_t first_step = 1;
-        if (o.resume) {
-          rt.load_checkpoint(o.checkpoint);
-          first_step = rt.steps() + 1;
-          if (r == 0) {
-            for (std::size_t skipped = 1; skipped < first_step; ++skipped) train_data.next_batch();
-            std::printf("resumed from %s after step %zu\n", o.checkpoint.c_str(), first_step - 1);
-          }
-        }
-        const std::size_t rows = config.batch * config.context, first = static_cast<std::size_t>(r) * rows;
-        const auto mean_loss = [&](float loss) {  // the global batch's loss: the mean over ranks
-          float all = loss;
-          comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
-          return all;
-        };
-        // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
-        gpt2::chunk_executor passes(rt, compute, acts);
-        const auto run = [&](bool backward) {
-          passes.restart();
-          const int* x = tokens.data() + first;
-          const int* y = targets.data() + first;
-          const auto loss = static_cast<float>(gpt2::forward(passes, config, x, y));
-          if (backward) gpt2::backward(passes, config, x, y);
-          return loss;
-        };
-        for (std::size_t step = first_step; step <= o.steps; ++step) {
-          comm.barrier().wait();
-          if (r == 0) {
-            train_data.next_batch();
-            tokens.assign(train_data.tokens().begin(), train_data.tokens().end());
-            targets.assign(train_data.targets().begin(), train_data.targets().end());
-          }
-          comm.barrier().wait();
-          const auto step_start = std::chrono::steady_clock::now();
-          rt.zero_grad();
-          const float loss = mean_loss(run(true));
-          rt.step();
-          if (r == 0) {
-            step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            const double tokens_per_second =
-                static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
-            if (step == first_step) first_loss = loss;
-            last_loss = loss;
-            std::string extra;
-            if (o.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
-            if (o.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
-            if (rt.last_step_skipped()) extra += "  (skipped: gradients overflowed fp16)";
-            std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step,
-                        o.steps, loss, static_cast<double>(schedule(o)(rt.steps() > 0 ? rt.steps() : 1)), extra.c_str(),
-                        step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
-            std::fflush(stdout);
-          }
-          if (step % o.eval_every == 0 || step == o.steps) {
-            // Validation: the forward passes only, after the update (chunks go back to ready or released).
-            comm.barrier().wait();
-            if (r == 0) {
-              validation_data.reset();
-              validation_data.next_batch();
-              tokens.assign(validation_data.tokens().begin(), validation_data.tokens().end());
-              targets.assign(validation_data.targets().begin(), validation_data.targets().end());
-            }
-            comm.barrier().wait();
-            const float validation = mean_loss(run(false));
-            if (r == 0) {
-              std::printf("           validation loss %.4f\n", validation);
-              last_validation = validation;
-            }
-            if (!o.checkpoint.empty()) {
-              rt.save_checkpoint(o.checkpoint);
-              if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
-            }
-          }
-        }
-        if (r == 0 && !step_seconds.empty()) {
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          std::printf("\ndone: %zu steps in %.1f s; training loss %.4f at step %zu -> %.4f at step %zu, validation "
-                      "loss %.4f\n", step_seconds.size(), seconds, first_loss, first_step, last_loss, o.steps,
-                      last_validation);
-          const auto moved = rt.traffic();
-          const auto cache = rt.cache_stats();
-          const std::string home(cache.home_space.empty() ? std::string_view("home") : cache.home_space);
-          std::string text;
-          const auto add = [&](byte_count bytes, const std::string& what) {
-            if (bytes != 0) text += (text.empty() ? "" : ", ") + format_bytes(bytes) + " " + what;
-          };
-          add(moved.fetched, "of chunks streamed " + home + "->device (" +
-                                 format_bytes(moved.fetched / step_seconds.size()) + " a step)");
-          add(cache.bytes_device_to_home, "written back device->" + home);
-          add(moved.gathered, "gathered from other ranks");
-          add(moved.reduced, "of gradients reduced");
-          add(moved.published, "of updates published");
-          std::printf("moved (rank 0, %zu steps): %s\n", step_seconds.size(), text.empty() ? "nothing" : text.c_str());
-        }
-        if (r == 0 && step_seconds.size() > 1) {
-          // The steady state: the first step (cold caches, first allocations) is left out.
-          std::vector<double> steady(step_seconds.begin() + 1, step_seconds.end());
-          std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
-          std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
-                      "device peak %s, pinned host peak %s\n",
-                      steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
-                      format_bytes(rt.device_stats().peak).c_str(),
-                      format_bytes(rt.host_stats().peak).c_str());
-        }
-        if (r == 0 && rt.streamed_chunks() > 0)
-          std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
-                      rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
-        if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
-          std::vector<std::vector<float>> trained;
-          for (std::uint32_t t = 0; t < model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
-          if (r == 0) {
-            const int version = o.type == dtype::bf16 ? 5 : 3;  // llm.c's bf16 and fp32 formats
-            gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, version);
-            std::printf("saved the parameters as an llm.c checkpoint (version %d): %s\n", version, o.save_llmc.c_str());
-          }
-        }
+        train_rank<Plan>(setup, comm);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -546,6 +591,118 @@ void train(const options& o, const model_profile& model, const machine_profile& 
 
 }  // namespace
 
+/// What rank 0 decided, for every rank: the plan, its prediction, the device budget per rank and whether blocks
+/// recompute their activations (which changes the traced model). `ok` false: rank 0 failed and says why.
+struct run_decision {
+  bool ok = false;
+  bool recompute = false;
+  std::uint64_t plan = 0;  // the index in gpt2::trainable_plans
+  byte_count device_budget = 0;
+  prediction chosen;
+};
+static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to the processes");
+
+/// Profiles the model, measures the machine (or loads its profile), prints the memory lines and the explain table,
+/// and chooses the plan: the fastest that fits, or --plan's. Throws with the table printed when none fits.
+run_decision plan_the_run(options& o) {
+  model_profile model = traced_model(o);
+  std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
+              "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
+              "live and move (the plan) and says why.\n\n");
+  std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, vocabulary %zu (%zu rows), context %zu, batch "
+              "%zu per rank: %llu parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
+              o.model.layers, o.model.channels, o.model.heads, o.model.vocab, o.model.vocab_rows(), o.model.context,
+              o.model.batch,
+              static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.passes.size(),
+              static_cast<double>(model.total_flops()) / 1e9);
+  if (!o.init_from.empty())
+    std::printf("parameters: imported from %s (llm.c checkpoint, version %d)\n", o.init_from.c_str(),
+                gpt2::llmc::read_checkpoint_shape(o.init_from).version);
+  std::fflush(stdout);
+  std::filesystem::path cache = o.measure_cache;
+  if (cache.empty()) {
+    const char* home = std::getenv("HOME");
+    cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
+  }
+  // The machine as measured (its device memory: a quarter of the available memory per rank on the host backend),
+  // then this run's device budget in its place.
+  machine_profile machine =
+      measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
+  const byte_count measured_memory = machine.device_memory;
+  check_activations_fit(o, machine.host_memory);
+  if (o.model.recompute) model = traced_model(o);
+  if (o.device_budget != 0) machine.device_memory = o.device_budget;
+  // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
+  const double gemm_flops = machine.device_flops_per_second;
+  machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks_here, o.type);
+  std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
+              "(GEMM peak %.2f)\n\n", machine.device_flops_per_second / 1e9, o.ranks_here,
+              o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
+              gemm_flops / 1e9);
+  print_memory(o, model, machine.device_memory, measured_memory);
+
+  // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
+  // what each would need before the error does.
+  using plan_set = gpt2::trainable_plans;
+  const auto table_title = [&] {
+    std::printf("\nplans (host backend, %d %s, device budget %s per rank; * the one trained):\n", o.ranks,
+                o.comm == "mpi" ? "MPI process(es)" : "thread rank(s)", format_bytes(machine.device_memory).c_str());
+  };
+  std::array<prediction, plan_set::size> plans;
+  std::size_t best = 0;
+  try {
+    auto choice = [&] {
+      try {
+        return choose<plan_set>(model, machine);
+      } catch (const chunkwise::error& e) {
+        // No plan fits with every block's activations kept: activation checkpointing, when it makes one fit.
+        if (e.code() != error_code::out_of_memory || o.recompute != "auto" || o.model.recompute) throw;
+        options checkpointed = o;
+        checkpointed.model.recompute = true;
+        const model_profile smaller = traced_model(checkpointed);
+        auto fits = choose<plan_set>(smaller, machine);  // throws the same way when even that does not fit
+        std::printf("activation checkpointing: on (no plan fits the device with every block's activations kept, "
+                    "%s at their peak; recomputing each block in backward keeps %s)\n",
+                    format_bytes(model.peak_activation_bytes()).c_str(),
+                    format_bytes(smaller.peak_activation_bytes()).c_str());
+        o.model.recompute = true;
+        model = smaller;
+        return fits;
+      }
+    }();
+    plans = choice.plans;
+    best = choice.index;
+  } catch (const chunkwise::error& e) {
+    if (e.code() != error_code::out_of_memory) throw;
+    table_title();
+    std::printf("%s\n", explain_table<plan_set>(evaluate<plan_set>(model, machine), std::nullopt).c_str());
+    std::fflush(stdout);  // the table before the error, also when stdout is a file
+    throw;
+  }
+  std::size_t chosen = best;
+  if (!o.plan.empty()) {
+    chosen = find_plan<plan_set>(o.plan);
+    if (!plans[chosen].feasible) {
+      table_title();
+      std::printf("%s\n", explain_table<plan_set>(plans, std::nullopt).c_str());
+      std::fflush(stdout);
+      throw_error(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
+                                                   format_bytes(plans[chosen].needed) + " of " +
+                                                   std::string(to_string(plans[chosen].limit)) + ", the machine has " +
+                                                   format_bytes(plans[chosen].available));
+    }
+  }
+  table_title();
+  std::printf("%s\n", explain_table<plan_set>(plans, chosen).c_str());
+  dispatch<plan_set>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
+    print_choice<plan_set, Plan>(plans, chosen, best, !o.plan.empty(), machine.device_memory);
+  });
+  std::printf("\n");
+  run_decision decision{.ok = true, .recompute = o.model.recompute, .plan = chosen,
+                        .device_budget = machine.device_memory, .chosen = plans[chosen]};
+  return decision;
+}
+
 int main(int argc, char** argv) {
   // OpenMP's default spin-waiting threads fight the runtime's own threads (communicator workers, the optimizer pool,
   // transfer movers) and any other process for the cores: measured here, a step took 10x longer. The wait policy is
@@ -554,8 +711,38 @@ int main(int argc, char** argv) {
     ::setenv("OMP_WAIT_POLICY", "passive", 1);
     ::execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
   }
+#if CHUNKWISE_HAS_MPI
+  std::optional<gpt2::process_world> processes;  // --comm mpi
+#endif
+  bool training = false;  // past planning: a process that fails now must end its peers, which wait for it
+  // The error, with the process's rank when there are several; a process failing mid-run ends the job.
+  const auto fail = [&](const char* message) {
+#if CHUNKWISE_HAS_MPI
+    if (processes && processes->size() > 1) {
+      std::fprintf(stderr, "train_gpt2 (rank %d of %d): %s\n", processes->rank(), processes->size(), message);
+      if (training) processes->abort(2);
+      return 2;
+    }
+#endif
+    std::fprintf(stderr, "%s\n", message);
+    return 2;
+  };
   try {
     options o = parse(argc, argv);
+    if (o.comm == "mpi") {
+#if CHUNKWISE_HAS_MPI
+      if (o.ranks != 1)
+        throw_error(error_code::invalid_argument, "--ranks counts thread ranks; under --comm mpi the launcher starts "
+                                                  "the ranks (mpirun -np N)");
+      processes.emplace(argc, argv);
+      o.ranks = processes->size();
+      o.ranks_here = processes->local_ranks();
+#else
+      throw_error(error_code::unsupported, "--comm mpi: this train_gpt2 was built without MPI (install "
+                                             "libopenmpi-dev and configure again)");
+#endif
+    }
+    settle_batch(o);
     if (o.backend == "host" && o.matmul == "blas") {
 #if CHUNKWISE_GPT2_BLAS
       // The cores shared among the ranks (each rank's products run beside the others').
@@ -576,109 +763,51 @@ int main(int argc, char** argv) {
                                              "toolkit was not found, or CHUNKWISE_CUDA=OFF)");
 #endif
     }
-    model_profile model = traced_model(o);
-    std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
-                "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
-                "live and move (the plan) and says why.\n\n");
-    std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, vocabulary %zu (%zu rows), context %zu, batch "
-                "%zu per rank: %llu parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
-                o.model.layers, o.model.channels, o.model.heads, o.model.vocab, o.model.vocab_rows(), o.model.context,
-                o.model.batch,
-                static_cast<unsigned long long>(model.parameter_count()), model.tensors.size(), model.passes.size(),
-                static_cast<double>(model.total_flops()) / 1e9);
-    if (!o.init_from.empty())
-      std::printf("parameters: imported from %s (llm.c checkpoint, version %d)\n", o.init_from.c_str(),
-                  gpt2::llmc::read_checkpoint_shape(o.init_from).version);
-    std::fflush(stdout);
-    std::filesystem::path cache = o.measure_cache;
-    if (cache.empty()) {
-      const char* home = std::getenv("HOME");
-      cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
-    }
-    // The machine as measured (its device memory: a quarter of the available memory per rank on the host backend),
-    // then this run's device budget in its place.
-    machine_profile machine =
-        measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
-    const byte_count measured_memory = machine.device_memory;
-    check_activations_fit(o, machine.host_memory);
-    if (o.model.recompute) model = traced_model(o);
-    if (o.device_budget != 0) machine.device_memory = o.device_budget;
-    // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
-    const double gemm_flops = machine.device_flops_per_second;
-    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks, o.type);
-    std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s)%s (GEMM peak %.2f)\n\n",
-                machine.device_flops_per_second / 1e9, o.ranks,
-                o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
-                gemm_flops / 1e9);
-    print_memory(o, model, machine.device_memory, measured_memory);
-
-    // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
-    // what each would need before the error does.
-    using plan_set = gpt2::trainable_plans;
-    const auto table_title = [&] {
-      std::printf("\nplans (host backend, %d thread rank(s), device budget %s per rank; * the one trained):\n", o.ranks,
-                  format_bytes(machine.device_memory).c_str());
-    };
-    std::array<prediction, plan_set::size> plans;
-    std::size_t best = 0;
-    try {
-      auto choice = [&] {
-        try {
-          return choose<plan_set>(model, machine);
-        } catch (const chunkwise::error& e) {
-          // No plan fits with every block's activations kept: activation checkpointing, when it makes one fit.
-          if (e.code() != error_code::out_of_memory || o.recompute != "auto" || o.model.recompute) throw;
-          options checkpointed = o;
-          checkpointed.model.recompute = true;
-          const model_profile smaller = traced_model(checkpointed);
-          auto fits = choose<plan_set>(smaller, machine);  // throws the same way when even that does not fit
-          std::printf("activation checkpointing: on (no plan fits the device with every block's activations kept, "
-                      "%s at their peak; recomputing each block in backward keeps %s)\n",
-                      format_bytes(model.peak_activation_bytes()).c_str(),
-                      format_bytes(smaller.peak_activation_bytes()).c_str());
-          o.model.recompute = true;
-          model = smaller;
-          return fits;
-        }
-      }();
-      plans = choice.plans;
-      best = choice.index;
-    } catch (const chunkwise::error& e) {
-      if (e.code() != error_code::out_of_memory) throw;
-      table_title();
-      std::printf("%s\n", explain_table<plan_set>(evaluate<plan_set>(model, machine), std::nullopt).c_str());
-      std::fflush(stdout);  // the table before the error, also when stdout is a file
-      throw;
-    }
-    std::size_t chosen = best;
-    if (!o.plan.empty()) {
-      chosen = find_plan<plan_set>(o.plan);
-      if (!plans[chosen].feasible) {
-        table_title();
-        std::printf("%s\n", explain_table<plan_set>(plans, std::nullopt).c_str());
-        std::fflush(stdout);
-        throw_error(error_code::out_of_memory, "--plan " + o.plan + " does not fit: it needs " +
-                                                     format_bytes(plans[chosen].needed) + " of " +
-                                                     std::string(to_string(plans[chosen].limit)) + ", the machine has " +
-                                                     format_bytes(plans[chosen].available));
+    // Rank 0 plans (a process per rank measuring the machine at once would measure the contention, and could
+    // choose differently); the others take its decision.
+    run_decision decision;
+#if CHUNKWISE_HAS_MPI
+    if (processes && processes->rank() != 0) {
+      decision = processes->from_rank0(decision);
+      if (!decision.ok) return 2;  // rank 0 says why
+      o.model.recompute = decision.recompute;
+    } else
+#endif
+    {
+      try {
+        decision = plan_the_run(o);
+      } catch (...) {
+#if CHUNKWISE_HAS_MPI
+        if (processes) processes->from_rank0(run_decision{});  // the others stop with rank 0
+#endif
+        throw;
       }
+#if CHUNKWISE_HAS_MPI
+      if (processes) processes->from_rank0(decision);
+#endif
     }
-    table_title();
-    std::printf("%s\n", explain_table<plan_set>(plans, chosen).c_str());
-    dispatch<plan_set>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
-      print_choice<plan_set, Plan>(plans, chosen, best, !o.plan.empty(), machine.device_memory);
-    });
-    std::printf("\n");
-    dispatch<plan_set>(chosen, [&]<class Plan>(std::type_identity<Plan>) {
-      train<Plan>(o, model, machine, plans[chosen]);
+    const model_profile model = traced_model(o);
+    // --init-from: the imported parameters (read once per process, before the ranks start), else GPT-2's
+    // initialisation.
+    std::vector<std::vector<float>> imported;
+    if (!o.init_from.empty()) imported = gpt2::llmc::read_checkpoint(o.init_from, o.model);
+    const tensor_initializer initialize =
+        imported.empty() ? gpt2::initializer(o.model, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
+          std::copy(imported[t].begin(), imported[t].end(), values.begin());
+        };
+    const rank_setup setup{o, model, decision.device_budget, decision.chosen, initialize};
+    training = true;
+    dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
+#if CHUNKWISE_HAS_MPI
+      if (processes) return train_rank<Plan>(setup, processes->comm());
+#endif
+      train_threads<Plan>(setup);
     });
     return 0;
   } catch (const chunkwise::error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {  // what the checks above did not foresee: still a message, never an abort
-    std::fprintf(stderr, "train_gpt2: out of memory: an allocation failed (this shape, rank count or plan needs more "
-                         "memory than the machine has; try a shorter --context, a smaller --batch or fewer --ranks)\n");
-    return 2;
+    return fail("train_gpt2: out of memory: an allocation failed (this shape, rank count or plan needs more memory "
+                "than the machine has; try a shorter --context, a smaller --batch or fewer --ranks)");
   }
 }
