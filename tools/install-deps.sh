@@ -18,9 +18,9 @@ set -euo pipefail
 # the model's own loops).
 base=(g++ cmake ninja-build pkg-config nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev
       libopenblas-openmp-dev)
-# The tests besides: the MPI communicator's tests (mpiexec), the PyTorch exporter's test (a venv from
-# tools/python-env.sh needs python3-venv), bench/compare/nvme.sh (fio).
-tests=(libopenmpi-dev openmpi-bin python3 python3-venv fio)
+# The tests besides: the MPI communicator's tests (mpiexec), the two-machines test's network namespaces (iproute2),
+# the PyTorch exporter's test (a venv from tools/python-env.sh needs python3-venv), bench/compare/nvme.sh (fio).
+tests=(libopenmpi-dev openmpi-bin iproute2 python3 python3-venv fio)
 
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
 want=("${base[@]}")

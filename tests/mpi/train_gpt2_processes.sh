@@ -19,7 +19,7 @@ common=(--layers 2 --channels 64 --global-batch 4 --matmul loops --measure-cache
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # The lines that must agree between two runs: each step's loss and the validation loss.
-losses() { grep -E '^step|validation loss' "$1" | sed -E 's/  +[0-9]+ ms .*//'; }
+losses() { grep -E '^step|^ +validation loss' "$1" | sed -E 's/  +[0-9]+ ms .*//'; }
 same_run() {  # NAME_A NAME_B: the parameters and the losses of two runs are the same
   cmp "$1.bin" "$2.bin" || fail "$1 and $2 trained to different parameters"
   diff <(losses "$1.log") <(losses "$2.log") || fail "$1 and $2 printed different losses"
