@@ -2,7 +2,7 @@
 //
 // It profiles itself (a dry run of its loop against chunkwise's tracer), measures this machine or loads its cached
 // profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks under that
-// plan with a progress line per step. The device is emulated in host memory under a byte budget per rank; the default
+// plan with a progress line per step (or trains as MPI processes: --comm mpi). The device is emulated in host memory under a byte budget per rank; the default
 // budget (32 MiB, a small GPU) is a third of the default model's training state, so the default run shows what
 // chunkwise is for: the resident plans do not fit and the search picks one that streams chunks from a host or NVMe
 // home or keeps the optimizer states off the device. Flags:
@@ -26,6 +26,9 @@
 //   forward; auto: on when no plan fits the device, or the machine's memory, with every block's activations kept)
 //   --matmul blas|loops (blas: the host's matrix products through OpenBLAS, where the build found it; loops: the
 //   model's own OpenMP loops, bit-identical for any thread count)
+//   --comm threads|mpi (threads: --ranks N threads of this process; mpi: one rank per MPI process, as many as the
+//   launcher started, `mpirun -np N train_gpt2 --comm mpi`; rank 0 plans and prints)
+//   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
 //   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
 //   where the build has CUDA; chunk memory stays in the host backend's tiers)
 #include <chunkwise/comm/thread_comm.hpp>
