@@ -1,9 +1,10 @@
 // train_gpt2: a small GPT-2 trained on the CPU with every parameter, gradient and optimizer state in chunkwise.
 //
 // It profiles itself (a dry run of its loop against chunkwise's tracer), measures this machine or loads its cached
-// profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks under that
-// plan with a progress line per step (or trains as MPI processes: --comm mpi). The device is emulated in host memory under a byte budget per rank; the default
-// budget (32 MiB, a small GPU) is a third of the default model's training state, so the default run shows what
+// profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks (or MPI
+// processes: --comm mpi) under that plan with a progress line per step. The device is emulated in host memory under
+// a byte budget per rank; the default budget (32 MiB, a small GPU) is a third of the default model's training
+// state, so the default run shows what
 // chunkwise is for: the resident plans do not fit and the search picks one that streams chunks from a host or NVMe
 // home or keeps the optimizer states off the device. Flags:
 //   --steps N (200)  --ranks N (1)  --plan NAME  --lr X (3e-4, the peak)  --seed N
