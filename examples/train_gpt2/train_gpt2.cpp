@@ -4,9 +4,8 @@
 // profile, prints the explain table of the plans it can run and the chosen one, then trains thread ranks (or MPI
 // processes: --comm mpi) under that plan with a progress line per step. The device is emulated in host memory under
 // a byte budget per rank; the default budget (32 MiB, a small GPU) is a third of the default model's training
-// state, so the default run shows what
-// chunkwise is for: the resident plans do not fit and the search picks one that streams chunks from a host or NVMe
-// home or keeps the optimizer states off the device. Flags:
+// state, so the default run shows what chunkwise is for: the resident plans do not fit and the search picks one
+// that streams chunks from a host or NVMe home or keeps the optimizer states off the device. Flags:
 //   --steps N (200)  --ranks N (1)  --plan NAME  --lr X (3e-4, the peak)  --seed N
 //   --warmup N (0: steps of linear warm-up)  --lr-final-frac F (1: constant after warm-up; below 1: cosine decay to
 //   F * lr at the last step, as llm.c's -q)  --clip X (0: off; llm.c and nanoGPT use 1.0: the global gradient norm
