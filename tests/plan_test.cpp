@@ -207,7 +207,39 @@ TEST_CASE("hybrid plans on a rank count their groups do not divide are infeasibl
   CHECK(explain_table<plans>(result, std::nullopt).find("its collective cannot split 3 ranks") != std::string::npos);
 }
 
+TEST_CASE("across machines joined by a slow link, hybrid<G> with G ranks per machine beats sharding over all") {
+  // 2 machines of 4 GPUs, 10 Gb/s Ethernet between them: ZeRO-3 over all 8 ranks runs every gather and
+  // reduce-scatter across the slow link; hybrid<4> keeps them inside each machine and all-reduces only gradient
+  // shards between the machines. hybrid<8> is ZeRO-3 by another name, and as slow.
+  using plans = plan_set<plan<layout::min_waste<>, resident, sharded, optimizer_follows_home>,
+                         plan<layout::min_waste<>, resident, hybrid<4>, optimizer_follows_home>,
+                         plan<layout::min_waste<>, resident, hybrid<8>, optimizer_follows_home>,
+                         plan<layout::min_waste<>, resident, hybrid<3>, optimizer_follows_home>>;
+  const auto model = gpt2_profile(gpt2_355m);
+  auto two_machines = describe_machine({.gpus = 4, .gpu_memory = 24 * GiB, .host_memory = 128 * GiB});
+  two_machines.machines = 2;
+  two_machines.inter_machine = bandwidth_curve::flat(1.25e9);
+  two_machines.inter_machine_latency_seconds = 50e-6;
+  const auto choice = choose<plans>(model, two_machines);
+  CHECK(choice.index == 1);
+  CHECK(choice.plans[1].time.collective < choice.plans[0].time.collective / 2);
+  CHECK(choice.plans[2].time.collective == doctest::Approx(choice.plans[0].time.collective).epsilon(0.01));
+  CHECK(choice.plans[3].limit == plan_limit::ranks);  // 3 does not divide 8 ranks
+  // With the link between machines as fast as the one inside, the group collectives cost the same either way.
+  auto fast_link = two_machines;
+  fast_link.inter_machine = two_machines.all_reduce;
+  fast_link.inter_machine_latency_seconds = 0;
+  const auto fast = evaluate<plans>(model, fast_link);
+  CHECK(fast[1].time.collective < choice.plans[1].time.collective);
+  CHECK(fast[0].time.collective < choice.plans[0].time.collective / 4);
+  // One machine of 8: hybrid<8> is sharded; the inter-machine link is not used.
+  const auto one_machine = evaluate<plans>(model, describe_machine({.gpus = 8, .gpu_memory = 24 * GiB,
+                                                                    .host_memory = 128 * GiB}));
+  CHECK(one_machine[2].time.step == doctest::Approx(one_machine[0].time.step).epsilon(0.01));
+}
+
 TEST_CASE("dispatch calls the function with the chosen plan's type") {
+
   const auto choice = choose<default_plans>(gpt2_profile(gpt2_1558m), workstation);
   const std::string name = dispatch<default_plans>(choice.index, []<class Plan>(std::type_identity<Plan>) { return Plan::name(); });
   CHECK(name == "min_waste/resident/sharded/follows_home");

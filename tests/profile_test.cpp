@@ -433,6 +433,30 @@ TEST_CASE("a machine profile survives a JSON round trip and bad fields are named
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a machine profile of several machines keeps its link between them; older profiles are one machine") {
+  auto machine = describe_machine({.gpus = 4});
+  machine.machines = 3;
+  machine.inter_machine = bandwidth_curve::flat(1.25e9);
+  machine.inter_machine_latency_seconds = 50e-6;
+  CHECK(job_ranks(machine) == 12);
+  const auto loaded = machine_profile_from_json(to_json(machine), "m");
+  CHECK(loaded.machines == 3);
+  CHECK(loaded.inter_machine.at(8 * MiB) == 1.25e9);
+  CHECK(loaded.inter_machine_latency_seconds == 50e-6);
+  auto document = to_json(machine);
+  for (const char* key : {"machines", "inter_machine", "inter_machine_latency_seconds"}) document.erase(key);
+  const auto old = machine_profile_from_json(document, "m");  // written before these fields existed
+  CHECK(old.machines == 1);
+  CHECK(old.inter_machine.count == 0);
+  document = to_json(machine);
+  document["inter_machine"] = nlohmann::json::array();
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"),
+                       doctest::Contains("several machines need the inter_machine bandwidth"), error);
+  document = to_json(machine);
+  document["machines"] = 0;
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"), doctest::Contains("machines is 0"), error);
+}
+
 TEST_CASE("flash attention drops the score matrices and recompute keeps only layer inputs") {
   auto config = gpt2_124m;
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, L = 12;

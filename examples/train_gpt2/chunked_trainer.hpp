@@ -27,11 +27,13 @@ namespace gpt2 {
 
 /// The plans the example trains under: resident chunks (data parallel, ZeRO-2, ZeRO-3; optimizer states on the device,
 /// partly or wholly offloaded to pinned host memory) and chunks streamed through a device cache from pinned host
-/// memory (Gemini-style, and with a resident prefix) or from NVMe files (ZeRO-Infinity-style).
+/// memory (Gemini-style, and with a resident prefix) or from NVMe files (ZeRO-Infinity-style); and, for processes on
+/// several machines, hybrid<G> (ZeRO-3 inside groups of G ranks, replicated across them: G the processes per
+/// machine keeps gathers and reduce-scatters off the link between machines), last so that sharded wins a tie.
 namespace plans {
 using chunks = chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>;
 using chunkwise::cached, chunkwise::split, chunkwise::resident;
-using chunkwise::replicated, chunkwise::shard_grads, chunkwise::sharded;
+using chunkwise::replicated, chunkwise::shard_grads, chunkwise::sharded, chunkwise::hybrid;
 using chunkwise::optimizer_follows_home, chunkwise::optimizer_auto, chunkwise::optimizer_offload;
 using pinned = chunkwise::space::pinned_host;
 using nvme = chunkwise::space::nvme;
@@ -46,7 +48,10 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::resident, plans::shard_grads, plans::optimizer_offload<plans::pinned>>,
     chunkwise::plan<plans::chunks, plans::cached<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
-    chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>>;
+    chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<2>, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<4>, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<8>, plans::optimizer_follows_home>>;
 
 /// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
 /// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch of the model,

@@ -9,16 +9,34 @@
 // otherwise wait in their next collective for a rank that is gone. A process that dies outright (a signal) is the
 // launcher's to report: mpirun ends the others and names the rank that died.
 #include <chunkwise/comm/mpi_comm.hpp>
+#include <chunkwise/profile/machine_profile.hpp>
+
+#include <cstdint>
+
+namespace gpt2 {
+
+/// The machines of the job and the link between them, as the cost model takes them (machine_profile's
+/// machines, inter_machine, inter_machine_latency_seconds). Thread ranks: one machine.
+struct machine_links {
+  std::uint32_t machines = 1;
+  chunkwise::bandwidth_curve inter_machine;
+  double latency_seconds = 0;
+};
+
+}  // namespace gpt2
 
 #if CHUNKWISE_HAS_MPI
 #include <chunkwise/core/mpi_checked_call.hpp>
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 namespace gpt2 {
 
@@ -30,6 +48,7 @@ class process_world {
     CHUNKWISE_MPI_TRY(MPI_Comm_split_type(world_.native(), MPI_COMM_TYPE_SHARED, world_.rank(), MPI_INFO_NULL, &local),
                       "train_gpt2");
     CHUNKWISE_MPI_TRY(MPI_Comm_size(local, &local_ranks_), "train_gpt2");
+    CHUNKWISE_MPI_TRY(MPI_Comm_rank(local, &local_rank_), "train_gpt2");
     MPI_Comm_free(&local);
     if (world_.rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
       std::fprintf(stderr, "train_gpt2 (rank %d): could not silence stdout\n", world_.rank());
@@ -49,6 +68,42 @@ class process_world {
     return value;
   }
 
+  /// The machines (one process each, the machine's first, all-reducing) and the link between them: the bus
+  /// bandwidth of an all-reduce of 64 KiB to 16 MiB and the time of an 8-byte one. A collective call of every
+  /// process; with one machine, nothing is measured.
+  machine_links measure_links() {
+    int leader = local_rank_ == 0 ? 1 : 0, leaders = 0;
+    CHUNKWISE_MPI_TRY(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, world_.native()), "train_gpt2");
+    machine_links links;
+    links.machines = static_cast<std::uint32_t>(leaders);
+    if (leaders <= 1) return links;
+    auto between = world_.split(leader ? 0 : 1, world_.rank());
+    if (leader) {
+      const auto seconds_per_call = [&](std::size_t count, int repeats) {
+        std::vector<float> in(count, 1.0f), out(count);
+        const auto once = [&] {
+          between.all_reduce(std::span<const float>(in), std::span<float>(out), chunkwise::reduce_op::sum).wait();
+        };
+        once();  // connections made, buffers touched
+        std::vector<double> samples;
+        for (int round = 0; round < 5; ++round) {
+          CHUNKWISE_MPI_TRY(MPI_Barrier(between.native()), "train_gpt2");
+          const double start = MPI_Wtime();
+          for (int i = 0; i < repeats; ++i) once();
+          samples.push_back((MPI_Wtime() - start) / repeats);
+        }
+        std::nth_element(samples.begin(), samples.begin() + 2, samples.end());
+        return samples[2];
+      };
+      links.latency_seconds = seconds_per_call(2, 20);
+      const double m = leaders;
+      for (const std::size_t bytes : {64u << 10, 1u << 20, 16u << 20})
+        links.inter_machine.add(bytes, static_cast<double>(bytes) * 2 * (m - 1) / m /
+                                           seconds_per_call(bytes / sizeof(float), bytes >= (1u << 20) ? 2 : 10));
+    }
+    return from_rank0(links);  // world rank 0 is the first machine's first process
+  }
+
   /// Ends every process of the job with `code` (after the caller printed why).
   [[noreturn]] void abort(int code) {
     std::fflush(stdout);
@@ -61,6 +116,7 @@ class process_world {
   chunkwise::mpi_environment environment_;
   chunkwise::mpi_comm world_;
   int local_ranks_ = 1;
+  int local_rank_ = 0;
 };
 
 }  // namespace gpt2

@@ -607,7 +607,7 @@ static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to
 
 /// Profiles the model, measures the machine (or loads its profile), prints the memory lines and the explain table,
 /// and chooses the plan: the fastest that fits, or --plan's. Throws with the table printed when none fits.
-run_decision plan_the_run(options& o) {
+run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   model_profile model = traced_model(o);
   std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
               "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
@@ -635,6 +635,20 @@ run_decision plan_the_run(options& o) {
   check_activations_fit(o, machine.host_memory);
   if (o.model.recompute) model = traced_model(o);
   if (o.device_budget != 0) machine.device_memory = o.device_budget;
+  // Processes on several machines: the measured link between them, and this machine's processes as its devices.
+  if (links.machines > 1) {
+    if (static_cast<std::uint32_t>(o.ranks) % links.machines != 0)
+      throw_error(error_code::invalid_argument,
+                  std::to_string(o.ranks) + " processes on " + std::to_string(links.machines) +
+                      " machines: the planner needs the same number of processes on every machine");
+    machine.machines = links.machines;
+    machine.devices = static_cast<std::uint32_t>(o.ranks) / links.machines;
+    machine.inter_machine = links.inter_machine;
+    machine.inter_machine_latency_seconds = links.latency_seconds;
+    std::printf("machines: %u of %u process(es) each; between them an all-reduce reaches %.2f GB/s bus bandwidth at "
+                "16 MiB, %.0f us per call\n", machine.machines, machine.devices,
+                machine.inter_machine.at(16 * MiB) / 1e9, machine.inter_machine_latency_seconds * 1e6);
+  }
   // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
   const double gemm_flops = machine.device_flops_per_second;
   machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks_here, o.type);
@@ -769,7 +783,9 @@ int main(int argc, char** argv) {
     // Rank 0 plans (a process per rank measuring the machine at once would measure the contention, and could
     // choose differently); the others take its decision.
     run_decision decision;
+    gpt2::machine_links links;  // one machine, unless processes say otherwise
 #if CHUNKWISE_HAS_MPI
+    if (processes) links = processes->measure_links();
     if (processes && processes->rank() != 0) {
       decision = processes->from_rank0(decision);
       if (!decision.ok) return 2;  // rank 0 says why
@@ -778,7 +794,7 @@ int main(int argc, char** argv) {
 #endif
     {
       try {
-        decision = plan_the_run(o);
+        decision = plan_the_run(o, links);
       } catch (...) {
 #if CHUNKWISE_HAS_MPI
         if (processes) processes->from_rank0(run_decision{});  // the others stop with rank 0

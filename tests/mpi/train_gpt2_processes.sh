@@ -2,7 +2,8 @@
 # train_gpt2 as MPI processes against thread ranks (ctest entry train_gpt2_processes; tests/comm_test.cmake):
 #   1. the same plan and global batch on N processes and on N threads trains to the same bits (parameters written
 #      as llm.c checkpoints, compared with cmp; the printed losses too), N = 2 and 4, plans that replicate, shard
-#      gradients with offloaded states, and shard everything streamed through a device cache, fp32 and bf16;
+#      gradients with offloaded states, shard everything streamed through a device cache, and hybrid<2> (sharded in
+#      pairs, replicated across them), fp32 and bf16;
 #   2. checkpoints move between process and thread ranks and between rank counts: a checkpoint written by 2
 #      processes and one written by 2 threads resume on 1 rank to the same bits; one written by 2 threads resumes on
 #      4 processes as on 4 threads;
@@ -49,6 +50,9 @@ same_run t4_cached p4_cached
 threads t4_bf16 4 --steps 3 --plan "$offloaded" --dtype bf16
 processes p4_bf16 4 --steps 3 --plan "$offloaded" --dtype bf16
 same_run t4_bf16 p4_bf16
+threads t4_hybrid 4 --steps 3 --plan 'min_waste/resident/hybrid<2>/follows_home'
+processes p4_hybrid 4 --steps 3 --plan 'min_waste/resident/hybrid<2>/follows_home'
+same_run t4_hybrid p4_hybrid
 
 # 2. Checkpoints across process and thread ranks and rank counts (each resume works on a copy: it saves again).
 threads t2_ckpt 2 --steps 2 --plan "$cached_sharded" --checkpoint ckpt_threads

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Two machines on one (ctest entry train_gpt2_two_machines): two network namespaces joined by a veth pair, Open MPI
 # over TCP between them (mpirun in the first, its daemon started in the second by an rsh agent that enters the
-# namespace instead of ssh), one train_gpt2 process in each. Three steps train to the bits of two thread ranks on
-# one machine, and the bytes crossed the veth link. Exits 77 (ctest: skipped) where the kernel or the user may not
-# make namespaces.
+# namespace instead of ssh), one train_gpt2 process in each. The trainer sees 2 machines and measures the link
+# between them for the planner; three steps train to the bits of two thread ranks on one machine, and the bytes
+# crossed the veth link. Exits 77 (ctest: skipped) where the kernel or the user may not make namespaces.
 # Usage: two_machines.sh TRAIN_GPT2 MPIEXEC WORK_DIR
 set -euo pipefail
 trainer=$1 mpiexec=$2 work=$3
@@ -49,6 +49,8 @@ timeout 300 ip netns exec "$a" "$mpiexec" --host "$subnet.1:1,$subnet.2:1" -np 2
   "$trainer" "${args[@]}" --comm mpi --save-llmc two_machines.bin > two_machines.log 2>&1 ||
   { cat two_machines.log; echo "FAIL: the two-machine run exited with $?"; exit 1; }
 received=$(( $(ip netns exec "$b" cat "/sys/class/net/v$b/statistics/rx_bytes") - received_before ))
+grep -Eq '^machines: 2 of 1 process\(es\) each; between them an all-reduce reaches [0-9.]+ GB/s' two_machines.log ||
+  { cat two_machines.log; echo "FAIL: the trainer did not see two machines and their link"; exit 1; }
 cmp one_machine.bin two_machines.bin || { echo "FAIL: two machines trained to other parameters than one"; exit 1; }
 diff <(grep -E '^step|^ +validation loss' one_machine.log | sed -E 's/  +[0-9]+ ms .*//') \
      <(grep -E '^step|^ +validation loss' two_machines.log | sed -E 's/  +[0-9]+ ms .*//') ||

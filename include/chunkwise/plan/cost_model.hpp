@@ -149,7 +149,7 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   using execution = typename Plan::optimizer_execution;
   using detail::seconds;
   const auto n = static_cast<std::size_t>(s.chunks);
-  const int ranks = static_cast<int>(machine.devices);
+  const int ranks = static_cast<int>(job_ranks(machine));
   const std::uint64_t resident = placement::resident_chunks(n, static_cast<std::size_t>(device_blocks));
   const std::uint64_t streamed = s.chunks - resident;
   const bool home_on_nvme = detail::on_nvme<typename placement::home_space>;
@@ -158,18 +158,37 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   time_breakdown t;
   t.compute = s.flops / machine.device_flops_per_second;
 
-  // Collectives: bus bytes over the bus bandwidth at this chunk size, plus a fixed cost per call.
+  // Collectives: bus bytes over the bus bandwidth at this chunk size, plus a fixed cost per call. Over several
+  // machines a collective of every rank runs at the slower link (its ring crosses between machines); hybrid<G>'s
+  // group collectives stay inside a machine when G divides its ranks (groups are consecutive ranks, as launchers
+  // place them), and its cross-group all-reduce of the gradient shards runs between machines.
   const step_traffic traffic = collective::traffic(s.average_bytes, s.average_bytes, n, ranks);
   const double message = static_cast<double>(s.average_bytes);
+  const int group = collective::group_size > 0 ? collective::group_size : ranks;  // the ranks of one collective
+  const int groups = ranks / group;
+  const bool spans_machines = machine.machines > 1;
+  const bool group_crosses = spans_machines && (collective::group_size == 0 || machine.devices % group != 0);
+  const auto bandwidth = [&](const bandwidth_curve& curve, bool crosses) {
+    const double local = curve.at(s.average_bytes);
+    return crosses ? std::min(local, machine.inter_machine.at(s.average_bytes)) : local;
+  };
+  const auto latency = [&](bool crosses) {
+    return machine.collective_latency_seconds + (crosses ? machine.inter_machine_latency_seconds : 0.0);
+  };
   const auto calls = [&](byte_count bytes, double per_call) { return per_call > 0 ? static_cast<double>(bytes) / per_call : 0.0; };
-  const double ring_gather = ranks > 1 ? message * (ranks - 1) / ranks : 0.0;
-  t.collective = seconds(static_cast<double>(traffic.all_gather), machine.all_gather.at(s.average_bytes)) +
-                 seconds(static_cast<double>(traffic.reduce_scatter), machine.reduce_scatter.at(s.average_bytes)) +
-                 seconds(static_cast<double>(traffic.all_reduce + traffic.cross_group_all_reduce),
-                         machine.all_reduce.at(s.average_bytes)) +
-                 machine.collective_latency_seconds *
-                     (calls(traffic.all_gather, ring_gather) + calls(traffic.reduce_scatter, ring_gather) +
-                      calls(traffic.all_reduce + traffic.cross_group_all_reduce, 2 * ring_gather));
+  const double ring_gather = group > 1 ? message * (group - 1) / group : 0.0;
+  const double shard = message / group;
+  const double cross_all_reduce = groups > 1 ? 2 * shard * (groups - 1) / groups : 0.0;
+  const double gather_bandwidth = bandwidth(machine.all_gather, group_crosses);
+  t.collective = seconds(static_cast<double>(traffic.all_gather), gather_bandwidth) +
+                 seconds(static_cast<double>(traffic.reduce_scatter), bandwidth(machine.reduce_scatter, group_crosses)) +
+                 seconds(static_cast<double>(traffic.all_reduce), bandwidth(machine.all_reduce, group_crosses)) +
+                 seconds(static_cast<double>(traffic.cross_group_all_reduce),
+                         bandwidth(machine.all_reduce, spans_machines)) +
+                 latency(group_crosses) * (calls(traffic.all_gather, ring_gather) +
+                                           calls(traffic.reduce_scatter, ring_gather) +
+                                           calls(traffic.all_reduce, 2 * ring_gather)) +
+                 latency(spans_machines) * calls(traffic.cross_group_all_reduce, cross_all_reduce);
 
   // Moves in forward and backward.
   const double fetch_bytes = static_cast<double>(fetches * s.parameter);
@@ -181,7 +200,7 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double first_fetch = streamed > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) +
                                                 (home_on_nvme ? seconds(static_cast<double>(s.parameter), machine.nvme_read_bytes_per_second) : 0.0)
                                           : 0.0;
-  const double first_gather = traffic.all_gather > 0 ? seconds(ring_gather, machine.all_gather.at(s.average_bytes)) : 0.0;
+  const double first_gather = traffic.all_gather > 0 ? seconds(ring_gather, gather_bandwidth) : 0.0;
   const double phase = std::max({t.compute, t.collective, t.host_to_device, t.device_to_host, nvme_fetch}) +
                        first_fetch + first_gather;
 

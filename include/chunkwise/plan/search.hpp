@@ -92,13 +92,13 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
   using placement = typename Plan::placement;
   using collective = typename Plan::collective;
   using execution = typename Plan::optimizer_execution;
-  const int ranks = static_cast<int>(machine.devices);
+  const int ranks = static_cast<int>(job_ranks(machine));
 
   prediction best;
   best.limit = plan_limit::layout;
   if (!collective::supports(ranks)) {
     best.limit = plan_limit::ranks;
-    best.needed = machine.devices;
+    best.needed = job_ranks(machine);
     return best;
   }
   bool have_infeasible = false;
@@ -175,7 +175,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
 template <class Plan>
 constexpr prediction search_plan(const model_profile& model, const machine_profile& machine) {
   return search_plan<Plan>(model, machine,
-                           detail::build_candidates<typename Plan::layout>(model, {machine.devices, plan_alignment}));
+                           detail::build_candidates<typename Plan::layout>(model, {job_ranks(machine), plan_alignment}));
 }
 
 /// Every plan of the set, searched: index i holds plan_set::at<i>'s best prediction.
@@ -185,7 +185,7 @@ constexpr std::array<prediction, PlanSet::size> evaluate(const model_profile& mo
   validate(machine);
   // Plans that share the first plan's layout share its candidates: the layout search runs once.
   using first_layout = typename PlanSet::template at<0>::layout;
-  const auto shared = detail::build_candidates<first_layout>(model, {machine.devices, plan_alignment});
+  const auto shared = detail::build_candidates<first_layout>(model, {job_ranks(machine), plan_alignment});
   const auto one = [&]<class Plan>(std::type_identity<Plan>) {
     if constexpr (std::is_same_v<typename Plan::layout, first_layout>) return search_plan<Plan>(model, machine, shared);
     else return search_plan<Plan>(model, machine);
@@ -210,11 +210,13 @@ template <class PlanSet>
   for (std::size_t i = 1; i < plans.size(); ++i)
     if (closer_to_fitting(plans[i], plans[closest])) closest = i;
   const prediction& p = plans[closest];
-  std::string message = "no plan fits this machine (" + std::to_string(machine.devices) + " x " +
+  std::string message = "no plan fits this machine (" +
+                        (machine.machines > 1 ? std::to_string(machine.machines) + " machines of " : std::string()) +
+                        std::to_string(machine.devices) + " x " +
                         format_bytes(machine.device_memory) + " device memory, " + format_bytes(machine.host_memory) +
                         " host memory, " + format_bytes(machine.nvme_capacity) + " NVMe). ";
   if (p.limit == plan_limit::ranks)
-    message += "No plan's collective supports " + std::to_string(machine.devices) + " ranks.";
+    message += "No plan's collective supports " + std::to_string(job_ranks(machine)) + " ranks.";
   else
     message += "The closest is " + names[closest] + ": it needs " + format_bytes(p.needed) + " of " +
                std::string(to_string(p.limit)) + ", the machine has " + format_bytes(p.available) + ".";

@@ -57,6 +57,9 @@ inline nlohmann::json to_json(const machine_profile& m) {
           {"reduce_scatter", detail::curve_to_json(m.reduce_scatter)},
           {"all_reduce", detail::curve_to_json(m.all_reduce)},
           {"collective_latency_seconds", m.collective_latency_seconds},
+          {"machines", m.machines},
+          {"inter_machine", detail::curve_to_json(m.inter_machine)},
+          {"inter_machine_latency_seconds", m.inter_machine_latency_seconds},
           {"device_optimizer_params_per_second", m.device_optimizer_params_per_second},
           {"host_optimizer_params_per_second", m.host_optimizer_params_per_second},
           {"device_flops_per_second", m.device_flops_per_second}};
@@ -95,6 +98,15 @@ inline machine_profile machine_profile_from_json(const nlohmann::json& document,
   m.reduce_scatter = curve_from_json(field("reduce_scatter"), at("reduce_scatter"));
   m.all_reduce = curve_from_json(field("all_reduce"), at("all_reduce"));
   m.collective_latency_seconds = number("collective_latency_seconds");
+  // One machine unless the profile says otherwise (profiles written before these fields describe one machine).
+  if (document.contains("machines")) {
+    const std::uint64_t machines = json_unsigned(field("machines"), at("machines"));
+    if (machines > 65536) raise_field(at("machines"), std::to_string(machines) + " machines; at most 65536");
+    m.machines = static_cast<std::uint32_t>(machines);
+  }
+  if (document.contains("inter_machine")) m.inter_machine = curve_from_json(field("inter_machine"), at("inter_machine"));
+  if (document.contains("inter_machine_latency_seconds"))
+    m.inter_machine_latency_seconds = number("inter_machine_latency_seconds");
   m.device_optimizer_params_per_second = number("device_optimizer_params_per_second");
   m.host_optimizer_params_per_second = number("host_optimizer_params_per_second");
   m.device_flops_per_second = number("device_flops_per_second");

@@ -70,6 +70,7 @@ struct machine_profile {
   device_kind kind = device_kind::cuda;
 
   std::uint32_t devices = 1;        // ranks on this machine, one per device
+  std::uint32_t machines = 1;       // machines of the job, alike, each with `devices` ranks
   byte_count device_memory = 0;     // per device, what chunkwise may use
   byte_count host_memory = 0;       // whole machine, for chunk homes, optimizer states and staging
   byte_count nvme_capacity = 0;     // free bytes on the NVMe store's file system; 0 = no NVMe store
@@ -83,11 +84,18 @@ struct machine_profile {
   bandwidth_curve reduce_scatter;
   bandwidth_curve all_reduce;
   double collective_latency_seconds = 0;  // fixed cost of one collective call
+  // Between machines (machines > 1): the bus bandwidth of a collective over one rank per machine, and its fixed
+  // cost per call. A collective over every rank of the job runs at the slower of the two links.
+  bandwidth_curve inter_machine;
+  double inter_machine_latency_seconds = 0;
 
   double device_optimizer_params_per_second = 0;  // fused Adam on one device
   double host_optimizer_params_per_second = 0;    // CPU Adam, all cores shared by the machine's ranks
   double device_flops_per_second = 0;             // achieved training FLOP/s of one device
 };
+
+/// The ranks of the job: every machine's devices.
+constexpr std::uint32_t job_ranks(const machine_profile& machine) noexcept { return machine.devices * machine.machines; }
 
 /// Checks a machine for values the cost model cannot use; errors name the field.
 constexpr void validate(const machine_profile& machine) {
@@ -95,6 +103,11 @@ constexpr void validate(const machine_profile& machine) {
     detail::raise(error_code::invalid_profile, "machine profile '" + machine.name.str() + "': " + what);
   };
   if (machine.devices == 0) fail("devices is 0; a machine has at least one device (or one host rank)");
+  if (machine.machines == 0) fail("machines is 0; a job runs on at least one machine");
+  if (machine.machines > 1 && machine.inter_machine.count == 0)
+    fail("several machines need the inter_machine bandwidth (a collective across machines, per message size)");
+  if (!(machine.inter_machine_latency_seconds >= 0))
+    fail("inter_machine_latency_seconds must be 0 or more: the fixed cost of one collective call between machines");
   if (machine.device_memory == 0) fail("device_memory is 0; give the memory chunkwise may use per device");
   if (machine.device_flops_per_second <= 0) fail("device_flops_per_second must be positive");
   if (machine.host_to_device_bytes_per_second <= 0 || machine.device_to_host_bytes_per_second <= 0)
@@ -110,7 +123,7 @@ constexpr void validate(const machine_profile& machine) {
   if (machine.devices > 1 && (machine.all_gather.count == 0 || machine.reduce_scatter.count == 0 ||
                               machine.all_reduce.count == 0))
     fail("several devices need all_gather, reduce_scatter and all_reduce bandwidths");
-  for (const auto* curve : {&machine.all_gather, &machine.reduce_scatter, &machine.all_reduce})
+  for (const auto* curve : {&machine.all_gather, &machine.reduce_scatter, &machine.all_reduce, &machine.inter_machine})
     for (std::uint32_t i = 0; i < curve->count; ++i) {
       if (curve->points[i].bytes_per_second <= 0) fail("collective bandwidths must be positive");
       if (i > 0 && curve->points[i].message_bytes <= curve->points[i - 1].message_bytes)
