@@ -6,9 +6,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <filesystem>
+#include <map>
 #include <random>
+#include <string>
 #include <thread>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 using namespace chunkwise;
@@ -201,6 +207,99 @@ TEST_CASE("a bootstrap file written by rank 0 reaches the ranks that wait for it
                        doctest::Contains("waited 50 ms for rank 0 to write the bootstrap file"), error);
   CHECK_THROWS_AS(publish_bootstrap_file(directory / "no" / "such" / "dir", id), error);
   std::filesystem::remove_all(directory);
+}
+
+namespace {
+/// A TCP port nothing listens on now (the kernel's pick for a socket bound to port 0, released).
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(s, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  socklen_t length = sizeof address;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  ::close(s);
+  return ntohs(address.sin_port);
+}
+}  // namespace
+
+TEST_CASE("a TCP rendezvous hands rank 0's bytes to every rank, or names the ranks that never came") {
+  std::vector<std::byte> id(128);
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<std::byte>(i * 3 + 1);
+  const int port = free_port();
+  std::vector<std::vector<std::byte>> seen(4);
+  run_ranks(4, [&](int rank) {
+    if (rank == 0) {
+      std::this_thread::sleep_for(50ms);  // the others are already retrying
+      serve_bootstrap_tcp(port, id, 4, 5000ms);
+    } else {
+      seen[static_cast<std::size_t>(rank)] = fetch_bootstrap_tcp("localhost", port, rank, id.size(), 5000ms, 5ms);
+    }
+  });
+  for (int r = 1; r < 4; ++r) CHECK(seen[static_cast<std::size_t>(r)] == id);
+  // Rank 0 alone: ranks 1 and 2 never come.
+  const int lonely = free_port();
+  CHECK_THROWS_WITH_AS(serve_bootstrap_tcp(lonely, id, 3, 100ms),
+                       doctest::Contains(("waited 100 ms on port " + std::to_string(lonely) +
+                                          " for 2 rank(s); ranks 1, 2 never connected").c_str()),
+                       error);
+  // No rank 0: the rank names where it looked.
+  CHECK_THROWS_WITH_AS(fetch_bootstrap_tcp("127.0.0.1", lonely, 1, 128, 100ms, 5ms),
+                       doctest::Contains(
+                           ("rank 1 waited 100 ms for rank 0 at 127.0.0.1:" + std::to_string(lonely)).c_str()),
+                       error);
+  // A rank 0 that sends another size: refused, not misread.
+  const int other = free_port();
+  std::exception_ptr server_error;
+  std::thread server([&] {
+    try {
+      serve_bootstrap_tcp(other, std::span(id).first(64), 2, 2000ms);  // it sends; the rank refuses what it got
+    } catch (...) {
+      server_error = std::current_exception();
+    }
+  });
+  CHECK_THROWS_WITH_AS(fetch_bootstrap_tcp("127.0.0.1", other, 1, 128, 2000ms, 5ms),
+                       doctest::Contains("sends 64 bytes; expected 128"), error);
+  server.join();
+  CHECK_FALSE(server_error);
+  CHECK_THROWS_WITH_AS(fetch_bootstrap_tcp("no-such-host.invalid", other, 1, 128, 100ms),
+                       doctest::Contains("cannot resolve MASTER_ADDR 'no-such-host.invalid'"), error);
+}
+
+TEST_CASE("the launcher's variables give the rank, the size, the machine's share and the rendezvous") {
+  using variables = std::map<std::string, std::string>;
+  const auto read = [](const variables& set) {
+    return launcher_environment([&set](const char* name) -> const char* {
+      const auto found = set.find(name);
+      return found == set.end() ? nullptr : found->second.c_str();
+    });
+  };
+  const auto alone = read({});
+  CHECK(alone.launcher == "none");
+  CHECK((alone.rank == 0 && alone.size == 1 && alone.local_size == 1));
+  const auto torchrun = read({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                              {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}, {"SLURM_PROCID", "1"},
+                              {"SLURM_NTASKS", "2"}});
+  CHECK(torchrun.launcher == "torchrun");  // torchrun inside a Slurm allocation: the process is torchrun's
+  CHECK((torchrun.rank == 5 && torchrun.size == 8 && torchrun.local_rank == 1 && torchrun.local_size == 4));
+  CHECK((torchrun.master_address == "node0" && torchrun.master_port == 29500));
+  const auto slurm = read({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+                           {"SLURM_TASKS_PER_NODE", "2(x2)"}, {"SLURM_LAUNCH_NODE_IPADDR", "10.0.0.7"}});
+  CHECK(slurm.launcher == "slurm");
+  CHECK((slurm.rank == 3 && slurm.size == 4 && slurm.local_rank == 1 && slurm.local_size == 2));
+  CHECK((slurm.master_address == "10.0.0.7" && slurm.master_port == 0));
+  const auto mpirun = read({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  CHECK((mpirun.launcher == "openmpi" && mpirun.size == 2 && mpirun.local_size == 2));
+  CHECK_THROWS_WITH_AS(read({{"RANK", "4"}, {"WORLD_SIZE", "4"}}),
+                       doctest::Contains("RANK=4 is not a rank of WORLD_SIZE=4"), error);
+  CHECK_THROWS_WITH_AS(read({{"RANK", "one"}, {"WORLD_SIZE", "4"}}),
+                       doctest::Contains("RANK='one' is not a count or rank"), error);
+  CHECK_THROWS_WITH_AS(read({{"MASTER_PORT", "70000"}}), doctest::Contains("MASTER_PORT=70000 is not a TCP port"),
+                       error);
+  CHECK_THROWS_WITH_AS(read({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+                       doctest::Contains("local rank 2 is not below the 2 processes on this machine"), error);
 }
 
 TEST_CASE("random sequences of collectives with random delays give the reference on every rank") {

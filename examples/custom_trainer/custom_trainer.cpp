@@ -46,11 +46,11 @@ model_profile trace_profile(std::size_t rows) {
 
 // ---- 2. The plans this trainer carries: chunk sizes searched from the largest tensor up (min_waste<>'s default
 // starts at 32 MiB, for language models); chunks resident on the device, or streamed from pinned host memory.
-using chunks = layout::min_waste<256 * KiB, 0>;
-using mlp_plans = plan_set<plan<chunks, resident, replicated, optimizer_follows_home>,
-                           plan<chunks, resident, shard_grads, optimizer_follows_home>,
-                           plan<chunks, resident, sharded, optimizer_follows_home>,
-                           plan<chunks, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+using small_chunks = layout::min_waste<256 * KiB, 0>;
+using mlp_plans = plan_set<plan<small_chunks, resident, replicated, optimizer_follows_home>,
+                           plan<small_chunks, resident, shard_grads, optimizer_follows_home>,
+                           plan<small_chunks, resident, sharded, optimizer_follows_home>,
+                           plan<small_chunks, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
 
 struct options {
   std::size_t steps = 100, ranks = 1;

@@ -8,6 +8,8 @@
 //   - through any communicator:  auto nccl = chunkwise::make_nccl_comm(mpi, stream);     // mpi_comm, thread_comm
 //   - through a file:            auto nccl = chunkwise::make_nccl_comm("/shared/job42.ncclid", rank, ranks, stream);
 //                                (bootstrap_file.hpp: rank 0 writes atomically, the others poll with a timeout)
+//   - as torchrun or srun set:   auto nccl = chunkwise::make_nccl_comm(chunkwise::launcher_environment(), stream);
+//                                (launcher.hpp; rank 0 hands the id over TCP at MASTER_ADDR:MASTER_PORT)
 // Several chunks' collectives go into one NCCL group (one launch, overlapping transfers):
 //   { auto group = nccl.group(); for (...) requests.push_back(nccl.all_gather(shard[c], full[c])); }
 //   // the requests of a group complete together, once the group is closed
@@ -18,6 +20,8 @@
 #if CHUNKWISE_HAS_CUDA && CHUNKWISE_HAS_NCCL
 
 #include <chunkwise/comm/bootstrap_file.hpp>
+#include <chunkwise/comm/bootstrap_tcp.hpp>
+#include <chunkwise/comm/launcher.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/cuda/checked_call.cuh>
@@ -268,6 +272,29 @@ inline nccl_comm make_nccl_comm(const std::filesystem::path& id_file, int rank, 
     std::memcpy(&id, bytes.data(), sizeof id);
   }
   return nccl_comm(id, rank, ranks, stream);
+}
+
+/// Joins an NCCL communicator as the launcher started this process (launcher.hpp: torchrun's RANK, WORLD_SIZE,
+/// MASTER_ADDR, MASTER_PORT; or srun's ranks with MASTER_PORT set): rank 0 hands its unique id to the others over
+/// TCP at MASTER_ADDR:MASTER_PORT (bootstrap_tcp.hpp). `stream` is on this process's GPU: cudaSetDevice(
+/// launcher.local_rank) before creating it, one GPU per process on each machine.
+inline nccl_comm make_nccl_comm(const launcher_ranks& launcher, cudaStream_t stream,
+                                std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
+  if (launcher.size > 1 && (launcher.master_address.empty() || launcher.master_port == 0))
+    detail::raise(error_code::invalid_argument,
+                  "make_nccl_comm: " + std::to_string(launcher.size) + " ranks (launcher: " + launcher.launcher +
+                      ") need a rendezvous: set MASTER_ADDR (rank 0's machine) and MASTER_PORT (a free TCP port)");
+  ncclUniqueId id{};
+  const std::span<std::byte> bytes(reinterpret_cast<std::byte*>(&id), sizeof id);
+  if (launcher.rank == 0) {
+    id = nccl_comm::make_unique_id();
+    if (launcher.size > 1) serve_bootstrap_tcp(launcher.master_port, bytes, launcher.size, timeout);
+  } else {
+    const auto received = fetch_bootstrap_tcp(launcher.master_address, launcher.master_port, launcher.rank, sizeof id,
+                                              timeout);
+    std::memcpy(&id, received.data(), sizeof id);
+  }
+  return nccl_comm(id, launcher.rank, launcher.size, stream);
 }
 
 }  // namespace chunkwise
