@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace chunkwise;
@@ -300,6 +302,31 @@ TEST_CASE("the launcher's variables give the rank, the size, the machine's share
                        error);
   CHECK_THROWS_WITH_AS(read({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
                        doctest::Contains("local rank 2 is not below the 2 processes on this machine"), error);
+}
+
+TEST_CASE("a rank that waited too long tells which peers on its machine are stopped or gone") {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  CHECK(detail::process_state(child) == "runs");
+  ::kill(child, SIGSTOP);
+  for (int i = 0; i < 200 && detail::process_state(child) == "runs"; ++i) std::this_thread::sleep_for(5ms);
+  CHECK(detail::process_state(child).rfind("is stopped", 0) == 0);
+  detail::peer_watch watch;
+  watch.rank = 0;
+  watch.pids = {::getpid(), child, 1, child};
+  watch.hosts = {"here", "here", "here", "elsewhere"};
+  CHECK(watch.describe_peers() == "rank 1 (pid " + std::to_string(child) +
+                                      ") is stopped (SIGSTOP, a debugger or job control); 1 rank(s) on other machines "
+                                      "cannot be checked from here");
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  CHECK(detail::process_state(child).rfind("is gone", 0) == 0);
+  watch.pids[1] = ::getpid();  // a peer that runs
+  CHECK(watch.describe_peers().rfind("every peer on this machine runs (2)", 0) == 0);
 }
 
 TEST_CASE("random sequences of collectives with random delays give the reference on every rank") {

@@ -28,6 +28,8 @@
 //   model's own OpenMP loops, bit-identical for any thread count)
 //   --comm threads|mpi (threads: --ranks N threads of this process; mpi: one rank per MPI process, as many as the
 //   launcher started, `mpirun -np N train_gpt2 --comm mpi`; rank 0 plans and prints)
+//   --comm-timeout S (300: a process rank waiting longer for a collective ends the job, naming the peers on its
+//   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
 //   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
 //   where the build has CUDA; chunk memory stays in the host backend's tiers)
@@ -85,6 +87,7 @@ struct options {
   std::string comm = "threads";  // the ranks: threads of this process, or MPI processes (mpi)
   std::size_t global_batch = 0;  // --global-batch: rows of all ranks together (0: --batch rows per rank)
   bool batch_given = false;
+  double comm_timeout = 300;  // seconds a process rank waits for a collective before it names its peers and ends
   std::string plan;
   byte_count device_budget = default_device_budget;  // per rank; 0: the machine's measured memory
   bool device_budget_given = false;
@@ -165,6 +168,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--batch") o.model.batch = count_flag(flag, value()), o.batch_given = true;
     else if (flag == "--global-batch") o.global_batch = count_flag(flag, value());
     else if (flag == "--comm") o.comm = value();
+    else if (flag == "--comm-timeout") o.comm_timeout = std::stod(value());
     else if (flag == "--data") o.data = value();
     else if (flag == "--measure-cache") o.measure_cache = value();
     else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
@@ -185,6 +189,8 @@ options parse(int argc, char** argv) {
   o.ranks_here = o.ranks;
   if (o.comm != "threads" && o.comm != "mpi")
     throw_error(error_code::invalid_argument, "--comm '" + o.comm + "': use threads or mpi");
+  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
+    throw_error(error_code::invalid_argument, "--comm-timeout: seconds > 0, got " + std::to_string(o.comm_timeout));
   if (o.global_batch != 0 && o.batch_given)
     throw_error(error_code::invalid_argument, "--batch (rows per rank) and --global-batch (rows of all ranks) "
                                               "are two ways to say one thing; give one");
@@ -414,16 +420,20 @@ struct rank_setup {
   const tensor_initializer& initialize;
 };
 
-/// A test hook (CHUNKWISE_GPT2_KILL_AT=RANK:STEP): that rank kills itself with SIGKILL in the middle of that step,
-/// after its forward pass, as a crashed or preempted process would go.
-void kill_if_asked(int rank, std::size_t step) {
-  static const char* const at = std::getenv("CHUNKWISE_GPT2_KILL_AT");
-  if (at == nullptr) return;
-  int kill_rank = -1;
-  unsigned long long kill_step = 0;
-  if (std::sscanf(at, "%d:%llu", &kill_rank, &kill_step) == 2 && kill_rank == rank && kill_step == step) {
-    std::fprintf(stderr, "train_gpt2 (rank %d): CHUNKWISE_GPT2_KILL_AT: killed in step %zu\n", rank, step);
-    std::raise(SIGKILL);
+/// Test hooks (CHUNKWISE_GPT2_KILL_AT=RANK:STEP, CHUNKWISE_GPT2_STOP_AT=RANK:STEP): that rank kills itself with
+/// SIGKILL, or stops itself with SIGSTOP, in the middle of that step, after its forward pass, as a crashed or a hung
+/// process would.
+void fault_if_asked(int rank, std::size_t step) {
+  for (const auto& [variable, signal] :
+       {std::pair{"CHUNKWISE_GPT2_KILL_AT", SIGKILL}, std::pair{"CHUNKWISE_GPT2_STOP_AT", SIGSTOP}}) {
+    const char* at = std::getenv(variable);
+    int fault_rank = -1;
+    unsigned long long fault_step = 0;
+    if (at != nullptr && std::sscanf(at, "%d:%llu", &fault_rank, &fault_step) == 2 && fault_rank == rank &&
+        fault_step == step) {
+      std::fprintf(stderr, "train_gpt2 (rank %d): %s: signal %d in step %zu\n", rank, variable, signal, step);
+      std::raise(signal);
+    }
   }
 }
 
@@ -484,7 +494,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
     const int* y = batch->targets().data();
     const auto loss = static_cast<float>(gpt2::forward(passes, config, x, y));
     if (backward) {
-      kill_if_asked(r, rt.steps() + 1);
+      fault_if_asked(r, rt.steps() + 1);
       gpt2::backward(passes, config, x, y);
     }
     return loss;
@@ -818,7 +828,12 @@ int main(int argc, char** argv) {
     training = true;
     dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
 #if CHUNKWISE_HAS_MPI
-      if (processes) return train_rank<Plan>(setup, processes->comm());
+      if (processes) {
+        // The training's own communicator, whose waits end after --comm-timeout with the peers' states.
+        mpi_comm training_comm(processes->comm().native(),
+                               std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000)));
+        return train_rank<Plan>(setup, training_comm);
+      }
 #endif
       train_threads<Plan>(setup);
     });

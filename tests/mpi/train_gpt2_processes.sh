@@ -9,7 +9,9 @@
 #      4 processes as on 4 threads;
 #   3. a process killed in the middle of step 3 ends the job (mpirun names the rank) within the timeout, the step-2
 #      checkpoint is committed and intact, and resuming it with the survivor's count (1 process) trains to the bits
-#      of a resume from the checkpoint of a run that was not interrupted.
+#      of a resume from the checkpoint of a run that was not interrupted;
+#   4. a process that stops (SIGSTOP: hung, not dead, so mpirun sees nothing wrong) ends the job after
+#      --comm-timeout, its peer naming it as stopped.
 # Usage: train_gpt2_processes.sh TRAIN_GPT2 MPIEXEC WORK_DIR
 set -euo pipefail
 trainer=$1 mpiexec=$2 work=$3
@@ -87,3 +89,17 @@ processes survivor 1 --steps 4 --plan "$cached_sharded" --checkpoint ckpt_killed
 grep -q 'resumed from ckpt_killed after step 2' survivor.log || fail "the survivor did not resume after step 2"
 cmp survivor.bin from_processes_1.bin || fail "the survivor's resume trained to other parameters than a clean resume"
 echo "ok: the survivor resumed from step 2 to the bits of a resume from the clean step-2 checkpoint"
+
+# 4. A process that hangs: its peer's wait ends after --comm-timeout, naming it, and the job ends.
+start=$(date +%s)
+set +e
+CHUNKWISE_GPT2_STOP_AT=1:3 timeout 120 "$mpiexec" -n 2 "$trainer" "${common[@]}" --comm mpi --steps 4 \
+  --comm-timeout 3 > stopped.log 2>&1
+status=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+[ "$status" -ne 0 ] || fail "the job with a stopped process exited 0"
+[ "$status" -ne 124 ] || { cat stopped.log; fail "the job with a stopped process hung (killed by timeout after 120 s)"; }
+grep -Eq 'rank 0 waited 3000 ms for [a-z_]+ of [0-9]+ bytes.* to complete; rank 1 \(pid [0-9]+\) is stopped' stopped.log ||
+  { cat stopped.log; fail "the stopped rank is not named"; }
+echo "ok: rank 1 stopped in step 3; rank 0 named it after 3 s and the job ended in ${elapsed} s with status $status"

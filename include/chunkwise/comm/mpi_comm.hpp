@@ -13,19 +13,26 @@
 // The local reduction of a stage runs when the request is waited for or tested (MPI progresses the same way).
 // Issue order: before it posts an operation, mpi_comm completes the operations in flight on this communicator and
 // on every communicator split from the same one; so a collective overlaps computation but not another collective.
-// Use it from one thread per process (MPI_THREAD_FUNNELED). A peer that never arrives is MPI's business: it hangs or
-// aborts as the MPI library decides; run under mpirun's --timeout or a job time limit.
+// Use it from one thread per process (MPI_THREAD_FUNNELED). A peer that never arrives: with a timeout
+// (mpi_comm(comm, timeout)), a wait that lasts longer throws comm_error saying which peers on this machine are stopped
+// or gone (peer_watch.hpp), and the communicator fails from then on; without one, it waits as long as MPI does
+// (mpirun ends the job when a process dies, but not when one stops or hangs).
 #if CHUNKWISE_HAS_MPI
 
 #include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/comm/detail/peer_watch.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/mpi_checked_call.hpp>
 
 #include <mpi.h>  // after core/mpi_checked_call.hpp, which asks for the C API only
+#include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -55,12 +62,25 @@ struct mpi_operation {
   std::vector<std::byte> scratch;
   std::vector<int> counts, displacements, send_counts, receive_counts, receive_displacements;
   bool done = false;
+  std::shared_ptr<peer_watch> watch;  // the communicator's timeout and peers; null: none
+  std::string what;                   // "all_reduce of 4096 bytes", for the timeout's message
 
   void finish() {
-    while (!done) {
-      CHUNKWISE_MPI_TRY(MPI_Wait(&request, MPI_STATUS_IGNORE), "mpi_comm");
-      advance();
+    if (!watch || watch->timeout.count() == 0) {
+      while (!done) {
+        CHUNKWISE_MPI_TRY(MPI_Wait(&request, MPI_STATUS_IGNORE), "mpi_comm");
+        advance();
+      }
+      return;
     }
+    const auto deadline = std::chrono::steady_clock::now() + watch->timeout;
+    for (std::uint64_t spins = 0; !poll(); ++spins)
+      if (spins % 1024 == 1023 && std::chrono::steady_clock::now() >= deadline) {
+        watch->failure = "mpi_comm: rank " + std::to_string(watch->rank) + " waited " +
+                         std::to_string(watch->timeout.count()) + " ms for " + what + " to complete; " +
+                         watch->describe_peers();
+        raise(error_code::comm_error, watch->failure);
+      }
   }
   bool poll() {
     while (!done) {
@@ -102,6 +122,7 @@ struct mpi_issue_order {
 struct mpi_handle {
   MPI_Comm comm = MPI_COMM_NULL;
   std::shared_ptr<mpi_issue_order> order;
+  std::shared_ptr<peer_watch> watch;
   mpi_handle(MPI_Comm c, std::shared_ptr<mpi_issue_order> o) : comm(c), order(std::move(o)) {}
   mpi_handle(const mpi_handle&) = delete;
   mpi_handle& operator=(const mpi_handle&) = delete;
@@ -109,6 +130,7 @@ struct mpi_handle {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    if (watch && !watch->failure.empty()) return;  // its operations never complete: leave them to MPI_Abort
     try {
       order->complete_all();
     } catch (...) {  // a destructor cannot report it; the operation's own request did, if anyone waited
@@ -159,8 +181,10 @@ class mpi_comm {
   };
 
   /// A duplicate of `comm` (MPI_COMM_WORLD by default), with errors returned instead of aborting. MPI must be
-  /// initialised (mpi_environment). Copies share the duplicate.
-  explicit mpi_comm(MPI_Comm comm = MPI_COMM_WORLD) {
+  /// initialised (mpi_environment). Copies share the duplicate. A positive `timeout` bounds every wait (above);
+  /// split communicators keep it.
+  explicit mpi_comm(MPI_Comm comm = MPI_COMM_WORLD,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
     int initialized = 0;
     CHUNKWISE_MPI_TRY(MPI_Initialized(&initialized), "mpi_comm");
     if (!initialized)
@@ -168,7 +192,7 @@ class mpi_comm {
                     "mpi_comm: MPI is not initialised; create a chunkwise::mpi_environment (or call MPI_Init) first");
     MPI_Comm duplicate = MPI_COMM_NULL;
     CHUNKWISE_MPI_TRY(MPI_Comm_dup(comm, &duplicate), "mpi_comm");
-    adopt(duplicate, std::make_shared<detail::mpi_issue_order>());
+    adopt(duplicate, std::make_shared<detail::mpi_issue_order>(), timeout);
   }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -179,7 +203,7 @@ class mpi_comm {
   request all_gather(std::span<const T> in, std::span<T> out) {
     const bool in_place = detail::check_all_gather("mpi_comm", in, out, rank_, size_);
     const int bytes = detail::mpi_count(in.size_bytes(), "all_gather");
-    return post([&](detail::mpi_operation& op) {
+    return post("all_gather of " + std::to_string(bytes) + " bytes per rank", [&](detail::mpi_operation& op) {
       CHUNKWISE_MPI_TRY(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data(), bytes, MPI_BYTE, out.data(), bytes,
                                        MPI_BYTE, native(), &op.request), "mpi_comm");
     });
@@ -192,7 +216,8 @@ class mpi_comm {
     detail::check_reduce_scatter("mpi_comm", in, out, rank_, size_);
     const int bytes = detail::mpi_count(out.size_bytes(), "reduce_scatter block");
     const int ranks = size_, me = rank_;
-    return post([&](detail::mpi_operation& operation) {
+    const std::string what = "reduce_scatter of " + std::to_string(in.size_bytes()) + " bytes";
+    return post(what, [&](detail::mpi_operation& operation) {
       operation.scratch.resize(in.size_bytes());
       // Block q to rank q, and rank q's copy of block `me` to scratch[q]; nothing to or from this rank itself.
       const auto q_count = static_cast<std::size_t>(ranks);
@@ -217,7 +242,7 @@ class mpi_comm {
     detail::check_all_reduce("mpi_comm", in, out);
     detail::mpi_count(out.size_bytes(), "all_reduce");
     const int ranks = size_, me = rank_;
-    return post([&](detail::mpi_operation& operation) {
+    return post("all_reduce of " + std::to_string(out.size_bytes()) + " bytes", [&](detail::mpi_operation& operation) {
       const std::size_t count = out.size();
       const std::size_t segment = (count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
       operation.counts.resize(static_cast<std::size_t>(ranks));
@@ -255,13 +280,15 @@ class mpi_comm {
   request broadcast(std::span<T> buffer, int root) {
     detail::check_root("mpi_comm", root, size_);
     const int bytes = detail::mpi_count(buffer.size_bytes(), "broadcast");
-    return post([&](detail::mpi_operation& op) {
+    return post("broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
+                [&](detail::mpi_operation& op) {
       CHUNKWISE_MPI_TRY(MPI_Ibcast(buffer.data(), bytes, MPI_BYTE, root, native(), &op.request), "mpi_comm");
     });
   }
 
   request barrier() {
-    return post([&](detail::mpi_operation& op) { CHUNKWISE_MPI_TRY(MPI_Ibarrier(native(), &op.request), "mpi_comm"); });
+    return post("barrier",
+                [&](detail::mpi_operation& op) { CHUNKWISE_MPI_TRY(MPI_Ibarrier(native(), &op.request), "mpi_comm"); });
   }
 
   /// MPI_Comm_split; the new communicator keeps issue order with this one.
@@ -272,25 +299,55 @@ class mpi_comm {
     handle_->order->complete_all();
     MPI_Comm part = MPI_COMM_NULL;
     CHUNKWISE_MPI_TRY(MPI_Comm_split(native(), color, key, &part), "mpi_comm");
-    return mpi_comm(adopt_tag{}, part, handle_->order);
+    const auto timeout = handle_->watch ? handle_->watch->timeout : std::chrono::milliseconds(0);
+    return mpi_comm(adopt_tag{}, part, handle_->order, timeout);
   }
 
  private:
   struct adopt_tag {};
-  mpi_comm(adopt_tag, MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order) { adopt(comm, std::move(order)); }
+  mpi_comm(adopt_tag, MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order, std::chrono::milliseconds timeout) {
+    adopt(comm, std::move(order), timeout);
+  }
 
-  void adopt(MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order) {
+  void adopt(MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order, std::chrono::milliseconds timeout) {
     handle_ = std::make_shared<detail::mpi_handle>(comm, std::move(order));
     CHUNKWISE_MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "mpi_comm");
     CHUNKWISE_MPI_TRY(MPI_Comm_rank(comm, &rank_), "mpi_comm");
     CHUNKWISE_MPI_TRY(MPI_Comm_size(comm, &size_), "mpi_comm");
+    if (timeout.count() > 0) handle_->watch = watch_peers(comm, timeout);
+  }
+
+  /// Every rank's process id and host name, for the timeout's message (a collective call, at construction).
+  std::shared_ptr<detail::peer_watch> watch_peers(MPI_Comm comm, std::chrono::milliseconds timeout) const {
+    struct identity {
+      std::int64_t pid;
+      char host[64];
+    };
+    identity mine{static_cast<std::int64_t>(::getpid()), {}};
+    ::gethostname(mine.host, sizeof mine.host - 1);
+    std::vector<identity> all(static_cast<std::size_t>(size_));
+    CHUNKWISE_MPI_TRY(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm),
+                      "mpi_comm");
+    auto watch = std::make_shared<detail::peer_watch>();
+    watch->timeout = timeout;
+    watch->rank = rank_;
+    for (const auto& peer : all) {
+      watch->pids.push_back(static_cast<long>(peer.pid));
+      watch->hosts.emplace_back(peer.host, ::strnlen(peer.host, sizeof peer.host));
+    }
+    return watch;
   }
 
   /// Completes what is in flight (issue order), then posts a new operation with `start`.
   template <class Start>
-  request post(Start&& start) {
+  request post(std::string what, Start&& start) {
+    if (handle_->watch && !handle_->watch->failure.empty())
+      detail::raise(error_code::comm_error,
+                    "mpi_comm: " + what + " on a failed communicator: " + handle_->watch->failure);
     handle_->order->complete_all();
     auto operation = std::make_shared<detail::mpi_operation>();
+    operation->watch = handle_->watch;
+    if (handle_->watch) operation->what = std::move(what);
     operation->scratch = std::move(handle_->order->spare);  // sized by start(); its pages already mapped
     handle_->order->spare = {};
     start(*operation);
