@@ -32,7 +32,8 @@ namespace chunkwise {
 
 namespace detail {
 
-inline constexpr std::array<char, 14> bootstrap_tag{'c', 'h', 'u', 'n', 'k', 'w', 'i', 's', 'e', '-', 'b', 'o', 'o', 't'};
+inline constexpr std::array<char, 14> bootstrap_tag{'c', 'h', 'u', 'n', 'k', 'w', 'i',
+                                                    's', 'e', '-', 'b', 'o', 'o', 't'};
 
 /// A socket closed when it goes out of scope.
 class socket_handle {
@@ -67,7 +68,8 @@ inline bool transfer_all(int fd, std::byte* data, std::size_t bytes, bool send,
     const int ready = ::poll(&waiting, 1, milliseconds_left(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) return false;
-    const ssize_t n = send ? ::send(fd, data + done, bytes - done, MSG_NOSIGNAL) : ::recv(fd, data + done, bytes - done, 0);
+    const ssize_t n = send ? ::send(fd, data + done, bytes - done, MSG_NOSIGNAL)
+                           : ::recv(fd, data + done, bytes - done, 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return false;
     done += static_cast<std::size_t>(n);
@@ -145,15 +147,18 @@ inline void serve_bootstrap_tcp(int port, std::span<const std::byte> payload, in
     if (!detail::transfer_all(peer.get(), hello.data(), hello.size(), false, deadline)) continue;
     if (std::memcmp(hello.data(), detail::bootstrap_tag.data(), detail::bootstrap_tag.size()) != 0) continue;
     std::uint32_t rank = 0;
-    for (int i = 3; i >= 0; --i) rank = rank << 8 | std::to_integer<std::uint32_t>(hello[detail::bootstrap_tag.size() + i]);
+    for (int i = 3; i >= 0; --i)
+      rank = rank << 8 | std::to_integer<std::uint32_t>(hello[detail::bootstrap_tag.size() + i]);
     if (rank == 0 || rank >= static_cast<std::uint32_t>(ranks))
-      detail::raise(error_code::comm_error, "bootstrap_tcp: a peer on port " + std::to_string(port) + " says it is rank " +
-                                                std::to_string(rank) + " of a job of " + std::to_string(ranks) +
-                                                " ranks; two jobs share this MASTER_PORT, or their sizes differ");
+      detail::raise(error_code::comm_error,
+                    "bootstrap_tcp: a peer on port " + std::to_string(port) + " says it is rank " + std::to_string(rank) +
+                        " of a job of " + std::to_string(ranks) +
+                        " ranks; two jobs share this MASTER_PORT, or their sizes differ");
     std::vector<std::byte> answer(detail::bootstrap_tag.size() + 8 + payload.size());
     std::memcpy(answer.data(), detail::bootstrap_tag.data(), detail::bootstrap_tag.size());
     for (int i = 0; i < 8; ++i)
-      answer[detail::bootstrap_tag.size() + i] = static_cast<std::byte>(static_cast<std::uint64_t>(payload.size()) >> (8 * i));
+      answer[detail::bootstrap_tag.size() + i] =
+          static_cast<std::byte>(static_cast<std::uint64_t>(payload.size()) >> (8 * i));
     std::copy(payload.begin(), payload.end(), answer.begin() + detail::bootstrap_tag.size() + 8);
     if (!detail::transfer_all(peer.get(), answer.data(), answer.size(), true, deadline)) continue;
     if (!served[rank]) {
@@ -206,7 +211,8 @@ inline std::vector<std::byte> fetch_bootstrap_tcp(const std::string& address, in
                                                   "MASTER_PORT?)");
       }
       std::uint64_t size = 0;
-      for (int i = 7; i >= 0; --i) size = size << 8 | std::to_integer<std::uint64_t>(header[detail::bootstrap_tag.size() + i]);
+      for (int i = 7; i >= 0; --i)
+        size = size << 8 | std::to_integer<std::uint64_t>(header[detail::bootstrap_tag.size() + i]);
       if (size != bytes) {
         ::freeaddrinfo(found);
         detail::raise(error_code::comm_error, "bootstrap_tcp: rank 0 at " + where + " sends " + std::to_string(size) +

@@ -44,7 +44,8 @@ inline std::optional<long> launcher_number(const std::function<const char*(const
   long number = 0;
   // Slurm's task counts may read "4(x2)": the leading count is this node's.
   const auto [end, code] = std::from_chars(value.data(), value.data() + value.size(), number);
-  const bool rest_ok = end == value.data() + value.size() || (*end == '(' && std::string_view(name) == "SLURM_TASKS_PER_NODE");
+  const bool rest_ok = end == value.data() + value.size() ||
+                       (*end == '(' && std::string_view(name) == "SLURM_TASKS_PER_NODE");
   if (code != std::errc() || end == value.data() || !rest_ok || number < 0)
     raise(error_code::invalid_argument, std::string("launcher: ") + name + "='" + std::string(value) +
                                             "' is not a count or rank (a non-negative integer)");
@@ -85,10 +86,10 @@ inline launcher_ranks launcher_environment(
     ranks.local_rank = static_cast<int>(detail::launcher_number(lookup, s.local_rank).value_or(0));
     ranks.local_size = static_cast<int>(local_size.value_or(1));
     if (ranks.local_size < 1 || ranks.local_rank >= ranks.local_size)
-      detail::raise(error_code::invalid_argument, std::string("launcher (") + s.name + "): local rank " +
-                                                      std::to_string(ranks.local_rank) + " is not below the " +
-                                                      std::to_string(ranks.local_size) + " processes on this machine (" +
-                                                      s.local_rank + ", " + s.local_size + ")");
+      detail::raise(error_code::invalid_argument,
+                    std::string("launcher (") + s.name + "): local rank " + std::to_string(ranks.local_rank) +
+                        " is not below the " + std::to_string(ranks.local_size) + " processes on this machine (" +
+                        s.local_rank + ", " + s.local_size + ")");
     if (std::string_view(s.name) == "slurm")
       if (const char* node = lookup("SLURM_LAUNCH_NODE_IPADDR")) ranks.master_address = node;
     break;

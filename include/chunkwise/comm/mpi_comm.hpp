@@ -305,7 +305,8 @@ class mpi_comm {
 
  private:
   struct adopt_tag {};
-  mpi_comm(adopt_tag, MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order, std::chrono::milliseconds timeout) {
+  mpi_comm(adopt_tag, MPI_Comm comm, std::shared_ptr<detail::mpi_issue_order> order,
+           std::chrono::milliseconds timeout) {
     adopt(comm, std::move(order), timeout);
   }
 

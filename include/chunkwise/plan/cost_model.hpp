@@ -181,7 +181,8 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double cross_all_reduce = groups > 1 ? 2 * shard * (groups - 1) / groups : 0.0;
   const double gather_bandwidth = bandwidth(machine.all_gather, group_crosses);
   t.collective = seconds(static_cast<double>(traffic.all_gather), gather_bandwidth) +
-                 seconds(static_cast<double>(traffic.reduce_scatter), bandwidth(machine.reduce_scatter, group_crosses)) +
+                 seconds(static_cast<double>(traffic.reduce_scatter),
+                         bandwidth(machine.reduce_scatter, group_crosses)) +
                  seconds(static_cast<double>(traffic.all_reduce), bandwidth(machine.all_reduce, group_crosses)) +
                  seconds(static_cast<double>(traffic.cross_group_all_reduce),
                          bandwidth(machine.all_reduce, spans_machines)) +
