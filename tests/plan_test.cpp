@@ -266,6 +266,28 @@ TEST_CASE("explain lists every plan with its prediction, the winner marked, also
   CHECK(json[0]["limit"] == "device memory");
   CHECK(json[0]["step_seconds"].is_null());
   CHECK(json[2]["peak_device_bytes"].get<byte_count>() <= workstation.device_memory);
+  CHECK(json[2]["bound_by"] == std::string(bound_of(choice.predicted.time).resource));
+  CHECK(json[0]["bound_by"].is_null());
+}
+
+TEST_CASE("explain says which resource bounds the chosen step and what the next fastest plan costs") {
+  // The largest part of the step, whatever it is.
+  time_breakdown t{.compute = 1.0, .collective = 3.0, .host_to_device = 0.5, .optimizer = 2.0, .step = 4.0};
+  static_assert(bound_of(time_breakdown{.compute = 2.0, .step = 2.0}).resource == "compute");
+  CHECK(bound_of(t).resource == "collectives");
+  CHECK(bound_of(t).share == doctest::Approx(0.75));
+  t.nvme = 3.5;
+  CHECK(bound_of(t).resource == "NVMe");
+  // GPT-2 1558M on the 4-GPU workstation (PCIe between the GPUs): ZeRO-3, resident; its step waits on the gathers.
+  const auto choice = choose<default_plans>(gpt2_profile(gpt2_1558m), workstation);
+  const std::string text = explain_bound<default_plans>(choice.plans, choice.index);
+  CHECK(text.rfind("bound by collectives: ", 0) == 0);
+  CHECK(text.find("; the next fastest, min_waste/") != std::string::npos);
+  CHECK(text.find("(+0.0%, a tie within the search's tolerance: the plan listed first is kept)") != std::string::npos);
+  // A set of one plan: nothing to compare with.
+  using one = plan_set<plan<layout::min_waste<>, resident, sharded, optimizer_follows_home>>;
+  const auto alone = choose<one>(gpt2_profile(gpt2_1558m), workstation);
+  CHECK(explain_bound<one>(alone.plans, alone.index).find("; no other plan fits") != std::string::npos);
 }
 
 TEST_CASE("an offloaded optimizer moves gradients down and parameters up, and its time is the host's") {

@@ -351,6 +351,7 @@ void print_tables(const model_profile& model, const machine_profile& machine, co
                 default_plans::names()[*report.chosen].c_str(), format_bytes(p.knobs.chunk_bytes).c_str(),
                 static_cast<unsigned long long>(p.knobs.chunks), static_cast<unsigned long long>(p.knobs.device_blocks),
                 100.0 * p.knobs.offload_fraction, p.time.step);
+    std::printf("  %s\n", explain_bound<default_plans>(report.plans, *report.chosen).c_str());
   } else {
     std::printf("\n%s\n", report.no_fit.c_str());
   }

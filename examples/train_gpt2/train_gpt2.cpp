@@ -370,12 +370,10 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
   const auto names = PlanSet::names();
   const prediction& p = plans[chosen];
   std::size_t fit = 0, misfits = 0, too_big = 0;
-  std::optional<std::size_t> runner_up;
   byte_count least = ~byte_count{0}, most = 0;
   for (std::size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].feasible) {
       ++fit;
-      if (i != chosen && (!runner_up || plans[i].time.step < plans[*runner_up].time.step)) runner_up = i;
       continue;
     }
     ++misfits;
@@ -395,12 +393,7 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
                 (fit == 1 ? std::string("the only plan that fits") : "the fastest of the " + std::to_string(fit) +
                                                                          " plans that fit").c_str(),
                 milliseconds(p.time.step).c_str(), format_bytes(p.memory.device).c_str(), format_bytes(budget).c_str());
-  if (runner_up && !forced) {
-    const bool tie = plans[*runner_up].time.step < p.time.step * (1.0 + choice_tie_tolerance);
-    std::printf("        the next fastest, %s, is predicted %s%s\n", names[*runner_up].c_str(),
-                milliseconds(plans[*runner_up].time.step).c_str(),
-                tie ? " (a tie, within the search's tolerance: it keeps the plan listed first)" : "");
-  }
+  std::printf("        %s\n", explain_bound<PlanSet>(plans, chosen).c_str());
   if (too_big > 0)
     std::printf("        %zu plan(s) do not fit the device: they need %s to %s, %s to %s more than the budget\n",
                 too_big, format_bytes(least).c_str(), format_bytes(most).c_str(), format_bytes(least - budget).c_str(),

@@ -1,9 +1,11 @@
 #pragma once
 // explain: every plan of a set as a table (feasible or why not, memory, predicted step time and its breakdown, the
-// knobs the search chose, the winner marked). The same as JSON: plan/explain_json.hpp (the json component).
+// knobs the search chose, the winner marked), and for the chosen plan the resource that bounds its step and what the
+// next fastest plan would cost. The same as JSON: plan/explain_json.hpp (the json component).
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/plan/search.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -58,6 +60,29 @@ std::string explain_table(const std::array<prediction, PlanSet::size>& plans, st
     out += line;
   }
   return out;
+}
+
+/// "bound by compute: 15.3 ms of the 15.4 ms step (99%); the next fastest, NAME, is predicted 15.6 ms (+1.3%)": the
+/// chosen plan's bottleneck (bound_of) and the runner-up among the plans that fit (none: "no other plan fits").
+template <class PlanSet>
+std::string explain_bound(const std::array<prediction, PlanSet::size>& plans, std::size_t chosen) {
+  const auto names = PlanSet::names();
+  const prediction& p = plans[chosen];
+  const step_bound bound = bound_of(p.time);
+  char share[32];
+  std::snprintf(share, sizeof share, "%.0f%%", 100.0 * bound.share);
+  std::string text = "bound by " + std::string(bound.resource) + ": " + detail::format_seconds(bound.seconds) +
+                     " of the " + detail::format_seconds(p.time.step) + " step (" + share + ")";
+  std::optional<std::size_t> next;
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (i != chosen && plans[i].feasible && (!next || plans[i].time.step < plans[*next].time.step)) next = i;
+  if (!next) return text + "; no other plan fits";
+  char more[32];
+  std::snprintf(more, sizeof more, "%+.1f%%", 100.0 * (plans[*next].time.step / p.time.step - 1.0));
+  const bool tie = std::abs(plans[*next].time.step / p.time.step - 1.0) < choice_tie_tolerance;
+  return text + "; the next fastest, " + names[*next] + ", is predicted " +
+         detail::format_seconds(plans[*next].time.step) + " (" + more +
+         (tie ? ", a tie within the search's tolerance: the plan listed first is kept)" : ")");
 }
 
 }  // namespace chunkwise

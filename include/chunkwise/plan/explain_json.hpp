@@ -29,6 +29,8 @@ nlohmann::json explain_json(const std::array<prediction, PlanSet::size>& plans, 
                   {"host_bytes", p.memory.host},
                   {"nvme_bytes", p.memory.nvme},
                   {"step_seconds", p.feasible ? nlohmann::json(p.time.step) : nlohmann::json(nullptr)},
+                  {"bound_by", p.feasible ? nlohmann::json(std::string(bound_of(p.time).resource))
+                                          : nlohmann::json(nullptr)},
                   {"knobs",
                    {{"chunk_bytes", p.knobs.chunk_bytes},
                     {"chunks", p.knobs.chunks},

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 namespace chunkwise {
 
@@ -64,6 +65,28 @@ struct time_breakdown {
   double nvme_exposed = 0;
   double step = 0;  // predicted wall time of one step
 };
+
+/// Predictions closer than this (relative) are a tie: the cost model is not that precise, and the earlier plan of the
+/// set (sets list the simpler plans first) is the safer choice.
+inline constexpr double choice_tie_tolerance = 0.01;
+
+/// The resource a step waits on most: the largest of its phase's concurrent parts and the update.
+struct step_bound {
+  std::string_view resource;  // "compute", "collectives", "host->device", "device->host", "NVMe", "optimizer"
+  double seconds = 0;         // that resource's busy time in the step
+  double share = 0;           // seconds / step
+};
+
+constexpr step_bound bound_of(const time_breakdown& t) noexcept {
+  const std::pair<std::string_view, double> parts[] = {
+      {"compute", t.compute},           {"collectives", t.collective}, {"host->device", t.host_to_device},
+      {"device->host", t.device_to_host}, {"NVMe", t.nvme},              {"optimizer", t.optimizer}};
+  step_bound bound{parts[0].first, parts[0].second, 0};
+  for (const auto& [resource, seconds] : parts)
+    if (seconds > bound.seconds) bound = {resource, seconds, 0};
+  bound.share = t.step > 0 ? bound.seconds / t.step : 0;
+  return bound;
+}
 
 struct prediction {
   bool feasible = false;

@@ -228,9 +228,6 @@ template <class PlanSet>
 }
 }  // namespace detail
 
-/// Predictions closer than this (relative) are a tie: the cost model is not that precise, and the earlier plan of the
-/// set (sets list the simpler plans first) is the safer choice.
-inline constexpr double choice_tie_tolerance = 0.01;
 
 /// The fastest plan that fits, with its knobs and prediction; ties (within choice_tie_tolerance) go to the earlier
 /// plan. Throws error_code::out_of_memory naming the closest plan and the memory it would need when none fits.
