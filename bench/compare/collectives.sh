@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chunkwise's mpi_comm beside plain MPI (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce) on the same buffers
 # and process count, in one run (bench/compare/collectives_mpi.cpp says how it times).
-# Usage: bench/compare/collectives.sh [PROCESSES=2] [ROUNDS=7]
+# Usage: bench/compare/collectives.sh [PROCESSES=2] [ROUNDS=5]
 # Last line: collectives ratio_vs_mpi=R (the lowest over the three operations of MPI's time / ours; goal >= 0.9).
 # Builds with mpicxx against this checkout's headers (chunkwise is header-only) into $BUILD_DIR (default
 # build/collectives). Runs as root and oversubscribed where it must (Open MPI refuses both by default).
@@ -9,7 +9,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 processes="${1:-2}"
-rounds="${2:-7}"
+rounds="${2:-5}"
 build="${BUILD_DIR:-$root/build/collectives}"
 command -v mpicxx > /dev/null || { echo "collectives.sh: no mpicxx; install libopenmpi-dev openmpi-bin" >&2; exit 2; }
 mkdir -p "$build"

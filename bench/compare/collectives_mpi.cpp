@@ -1,14 +1,17 @@
 // collectives_mpi: chunkwise's mpi_comm beside plain MPI on the same buffers, in one run (bench/compare/collectives.sh
 // builds and starts it). For each operation and size, rounds alternate ours and MPI's (all_gather / MPI_Allgather,
-// reduce_scatter / MPI_Reduce_scatter_block, all_reduce / MPI_Allreduce, fp32 sums), each round `repeats` calls
-// between barriers; the medians over rounds are compared. Prints a line per operation and size, then
+// reduce_scatter / MPI_Reduce_scatter_block, all_reduce / MPI_Allreduce, fp32 sums): 7 pairs, each the median of
+// `rounds` rounds of ours then of MPI's (a round: `repeats` calls between barriers); a pair's ratio is MPI's time
+// over ours, and the median over pairs counts (a burst of other work on a shared machine falls on one pair). Prints
+// a line per operation and size, then
 //   collectives ratio_vs_mpi=R
-// R: the lowest over the three operations of MPI's time / ours, each summed over the sizes (1: as fast as MPI).
+// R: the lowest over the three operations of the geometric mean over sizes of MPI's time / ours (1: as fast).
 // Not a Google Benchmark binary: its iteration counts are decided per process, and a collective needs every
 // process to make the same calls.
 #include <chunkwise/comm/mpi_comm.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -42,7 +45,7 @@ int main(int argc, char** argv) {
   // Per-rank element counts of a chunk shard: 256 KiB to 16 MiB of fp32 (the sizes chunks are cut to).
   const std::vector<std::size_t> sizes{64 * 1024, 1024 * 1024, 4 * 1024 * 1024};
   const char* names[] = {"all_gather", "reduce_scatter", "all_reduce"};
-  double ours_total[3] = {}, mpi_total[3] = {};
+  double log_ratio[3] = {};
   std::vector<double> samples;
   for (const std::size_t n : sizes) {
     std::vector<float> shard(n, 1.0f + static_cast<float>(rank)), full(n * static_cast<std::size_t>(ranks), 0.5f),
@@ -66,23 +69,28 @@ int main(int argc, char** argv) {
     for (int op = 0; op < 3; ++op) {
       ours[op]();  // warm-up: buffers touched, connections made
       theirs[op]();
-      double ours_seconds = 0, mpi_seconds = 0;
-      // Interleaved: the machine's noise falls on both.
-      for (int pair = 0; pair < 2; ++pair) {
-        ours_seconds += median_seconds(rounds, repeats, ours[op], samples);
-        mpi_seconds += median_seconds(rounds, repeats, theirs[op], samples);
+      // Interleaved pairs: the machine's noise falls on both.
+      std::vector<double> ratios, ours_times, mpi_times;
+      for (int pair = 0; pair < 7; ++pair) {
+        ours_times.push_back(median_seconds(rounds, repeats, ours[op], samples));
+        mpi_times.push_back(median_seconds(rounds, repeats, theirs[op], samples));
+        ratios.push_back(mpi_times.back() / ours_times.back());
       }
-      ours_total[op] += ours_seconds;
-      mpi_total[op] += mpi_seconds;
+      const auto median = [](std::vector<double> v) {
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+        return v[v.size() / 2];
+      };
+      const double ratio = median(ratios);
+      log_ratio[op] += std::log(ratio) / static_cast<double>(sizes.size());
       if (rank == 0)
-        std::printf("%-15s %2d ranks %8.2f MiB per rank: ours %9.3f ms, MPI %9.3f ms, MPI/ours %.3f\n", names[op], ranks,
-                    static_cast<double>(n * sizeof(float)) / (1024.0 * 1024.0), ours_seconds / 2 * 1e3,
-                    mpi_seconds / 2 * 1e3, mpi_seconds / ours_seconds);
+        std::printf("%-15s %2d ranks %8.2f MiB per rank: ours %9.3f ms, MPI %9.3f ms (medians), MPI/ours %.3f\n",
+                    names[op], ranks, static_cast<double>(n * sizeof(float)) / (1024.0 * 1024.0),
+                    median(ours_times) * 1e3, median(mpi_times) * 1e3, ratio);
     }
   }
   double lowest = 1e30;
   for (int op = 0; op < 3; ++op) {
-    const double ratio = mpi_total[op] / ours_total[op];
+    const double ratio = std::exp(log_ratio[op]);
     lowest = std::min(lowest, ratio);
     if (rank == 0) std::printf("%-15s over all sizes: MPI/ours %.3f\n", names[op], ratio);
   }
