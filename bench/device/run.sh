@@ -1,40 +1,133 @@
 #!/usr/bin/env bash
-# The GPU session's one prepared check: build with CUDA, run the CUDA tests (tiers, collectives over NCCL, the fused
-# Adam kernel, measurement, the trainer's cuBLAS engine), then time the example trainer with its matrix products on
-# the CPU and through cuBLAS (--backend cuda), side by side, and report tokens/s and model FLOPs utilisation.
-# Usage: bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]   (on the device machine: `bash bench/device/run.sh`)
-# MFU = the model's FLOPs per step (the traced profile's count) / the median step time / PEAK_FLOPS (default: H200's
-# dense fp32 peak without tensor cores, 67e12; the products run in fp32, CUBLAS_DEFAULT_MATH).
-set -euo pipefail
+# The GPU session's one prepared check, for a bare H200 machine that reaches no network: build with CUDA, run the
+# CUDA tests under compute-sanitizer's memcheck, then GPT-2 at the 124M shape (12 layers, 768 channels, 12 heads,
+# GPT-2's 50257 tokens padded to 50304, context 256, batch 4):
+#   1. the loss after 4 steps, train_gpt2 --backend cuda (resident, and streamed under a 2 GiB device budget, below its 3.4 GB of training state and activations)
+#      against --backend host: relative difference;
+#   2. tokens/s and model FLOPs utilisation of --backend cuda, beside PyTorch on the same GPU and shape (Hugging
+#      Face's GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run.
+# Last line: device mfu=M tokens_per_s=T speedup_vs_torch=A speedup_vs_fsdp_offload=B loss_rel_diff=D
+# MFU against the H200's dense fp32 peak without tensor cores (67e12, PEAK_FLOPS): the passes run in fp32.
+#
+# What the machine lacks travels with the working tree: Debian's doctest-dev and nlohmann-json3-dev as .deb files in
+# .device-debs/ (carry it), unpacked into a prefix the build finds. NCCL from the toolkit, else from PyTorch's wheel.
+# Usage (on the device machine): bash bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-/tmp/chunkwise-device}}"
 mkdir -p "$out"
+logs=/tmp/chunkwise-device-logs
+rm -rf "$logs" && mkdir -p "$logs"
 peak="${PEAK_FLOPS:-67e12}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt" || true
+export PATH="/usr/local/cuda/bin:$PATH"
+started=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - started )) s] $*"; }
 
-cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHUNKWISE_CUDA=ON -DCHUNKWISE_BUILD_BENCH=OFF \
-  > "$out/configure.log" 2>&1
-cmake --build build/device -j"$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-ctest --test-dir build/device -R '^cuda_' --output-on-failure 2>&1 | tee "$out/cuda_tests.log"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nproc; g++ --version | head -1; nvcc --version | tail -2; cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__)'
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
 
-# A GPT-2 small enough for a minute per backend, large enough that the products dominate: 6 layers, 512 channels.
-model=(--layers 6 --channels 512 --heads 8 --context 256 --batch 8 --steps 12 --eval-every 1000 --device-budget 0)
-for backend in host cuda; do
-  OMP_NUM_THREADS="$(nproc)" build/device/examples/train_gpt2/train_gpt2 --backend "$backend" "${model[@]}" \
-    > "$out/train_$backend.log" 2>&1 || { tail -20 "$out/train_$backend.log"; exit 1; }
-done
-python3 - "$out" "$peak" <<'PY'
+prefix=/tmp/chunkwise-prefix
+mkdir -p "$prefix"
+for deb in .device-debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+# Debian's doctest config names /usr as its prefix: point it at the unpacked one.
+sed -i "s|set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$prefix/usr\")|" "$prefix/usr/lib/cmake/doctest/doctestTargets.cmake"
+nccl=()
+if [ ! -f /usr/local/cuda/include/nccl.h ]; then
+  nccl_root=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [ -n "$nccl_root" ] && [ -f "$nccl_root/include/nccl.h" ]; then
+    [ -e "$nccl_root/lib/libnccl.so" ] || ln -sf "$nccl_root/lib/libnccl.so.2" "$nccl_root/lib/libnccl.so"
+    nccl=(-DNCCL_ROOT="$nccl_root"); export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
+  else
+    nccl=(-DCHUNKWISE_NCCL=OFF)
+  fi
+fi
+stamp "configure (NCCL: ${nccl[*]:-toolkit})"
+cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF -DCHUNKWISE_URING=OFF -DCMAKE_PREFIX_PATH="$prefix/usr" \
+  "${nccl[@]}" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; cp "$logs/configure.log" "$out/"; exit 1; }
+targets=$(ninja -C build/device -t targets all | grep -o '^chunkwise_cuda_[a-z0-9_]*_test' | sort -u | tr '\n' ' ')
+stamp "build train_gpt2 chunkwise_gpt2_device_test $targets"
+ninja -C build/device -j"$(nproc)" train_gpt2 chunkwise_gpt2_device_test $targets > "$logs/build.log" 2>&1 ||
+  { grep -B2 -A12 -m3 'error' "$logs/build.log" | head -80; cp "$logs/build.log" "$out/"; exit 1; }
+
+# Plain runs first (the quick verdict), memcheck last and only while the deadline allows (one device call).
+deadline=$(( started + ${DEADLINE_S:-500} ))
+stamp "CUDA tests"
+for test in $targets; do
+  if timeout 90 "build/device/tests/cuda/$test" > "$logs/$test.log" 2>&1; then echo "PASS $test"
+  else echo "FAIL $test (rc $?)"; tail -25 "$logs/$test.log"; fi
+done | tee "$logs/tests.txt"
+if OMP_NUM_THREADS=8 timeout 120 build/device/tests/chunkwise_gpt2_device_test > "$logs/gpt2_device_host.log" 2>&1
+then echo "PASS chunkwise_gpt2_device_test (host OpenMP)"; else echo "FAIL chunkwise_gpt2_device_test (host)";
+  tail -20 "$logs/gpt2_device_host.log"; fi | tee -a "$logs/tests.txt"
+
+shape=(--layers 12 --channels 768 --heads 12 --vocab 50257 --context 256 --batch 4 --eval-every 1000
+       --measure-cache /tmp/chunkwise-measure)
+trainer=build/device/examples/train_gpt2/train_gpt2
+run_trainer() {  # name, flags...
+  local name=$1; shift
+  stamp "train_gpt2 $name: $*"
+  OMP_NUM_THREADS="$(nproc)" timeout 150 "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
+    { echo "train_gpt2 $name failed (rc $?)"; tail -30 "$logs/train_$name.log"; }
+  grep -E '^(plan|backend|compute|step +[0-9]+/|timing|done)' "$logs/train_$name.log" | head -40
+}
+run_trainer cuda --backend cuda --steps 12 --device-budget 0
+run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
+run_trainer host --backend host --steps 4 --device-budget 0
+
+stamp "PyTorch at the same shape"
+PYTHONUNBUFFERED=1 timeout 300 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
+  --vocab 50257 --context 256 --batch 4 --steps 8 > "$logs/torch.log" 2>&1 || tail -30 "$logs/torch.log"
+cat "$logs/torch.log" | grep '^torch'
+
+stamp "CUDA tests under compute-sanitizer memcheck (until the deadline)"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for test in chunkwise_cuda_gpt2_device_test $targets; do
+  left=$(( deadline - $(date +%s) ))
+  if (( left < 20 )); then echo "SKIP $test (memcheck: past the deadline)"; continue; fi
+  if timeout "$left" "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 "build/device/tests/cuda/$test" \
+      > "$logs/memcheck_$test.log" 2>&1; then echo "PASS $test (memcheck)"
+  else echo "FAIL $test (memcheck, rc $?)"; tail -25 "$logs/memcheck_$test.log"; fi
+done | awk '!seen[$0]++' | tee -a "$logs/tests.txt"
+
+python3 - "$logs" "$peak" <<'PY' | tee "$logs/summary.txt"
 import re, sys
-out, peak = sys.argv[1], float(sys.argv[2])
-steps = {}
-for backend in ("host", "cuda"):
-    text = open(f"{out}/train_{backend}.log").read()
-    step = float(re.search(r"median step ([0-9.]+) ms", text).group(1)) * 1e-3
-    flops = float(re.search(r"([0-9.]+) GFLOP per step", text).group(1)) * 1e9
-    tokens = int(re.search(r"context (\d+), batch (\d+)", text).group(1)) * int(re.search(r"batch (\d+) per rank", text).group(1))
-    loss = float(re.findall(r"loss ([0-9.]+)", text)[-1])
-    steps[backend] = step
-    print(f"{backend:5s} median step {step*1e3:9.2f} ms  {tokens/step:10.0f} tokens/s  {flops/step/1e9:9.2f} GFLOP/s  "
-          f"mfu {flops/step/peak:.5f}  final loss {loss:.4f}")
-print(f"device cuda_over_host_speedup={steps['host'] / steps['cuda']:.2f}")
+logs, peak = sys.argv[1], float(sys.argv[2])
+def read(name):
+    try: return open(f"{logs}/{name}").read()
+    except OSError: return ""
+def loss_at(text, step):
+    m = re.search(rf"step +{step}/\d+ +loss ([0-9.]+)", text)
+    return float(m.group(1)) if m else float("nan")
+def median_ms(text):
+    m = re.search(r"median step ([0-9.]+) ms", text)
+    return float(m.group(1)) if m else float("nan")
+cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
+flops = re.search(r"([0-9.]+) GFLOP per step", cuda)
+flops = float(flops.group(1)) * 1e9 if flops else float("nan")
+tokens = 4 * 256
+host_loss = loss_at(host, 4)
+diffs = [abs(loss_at(t, 4) - host_loss) / host_loss for t in (cuda, streamed)]
+print(f"loss at step 4: host {host_loss:.6f}, cuda {loss_at(cuda, 4):.6f}, cuda streamed {loss_at(streamed, 4):.6f}")
+step = median_ms(cuda) * 1e-3
+tps = tokens / step
+streamed_tps = tokens / (median_ms(streamed) * 1e-3)
+def torch_tps(mode):
+    m = re.search(rf"torch {mode} tokens_per_s=([0-9.]+)", torch)
+    return float(m.group(1)) if m else float("nan")
+print(f"cuda: median step {step*1e3:.1f} ms, {tps:.0f} tokens/s, {flops/step/1e12:.3f} TFLOP/s; streamed "
+      f"{streamed_tps:.0f} tokens/s; host median step {median_ms(host):.0f} ms; torch plain {torch_tps('plain'):.0f}, "
+      f"fsdp_offload {torch_tps('fsdp_offload'):.0f} tokens/s")
+print(f"device mfu={flops/step/peak:.4f} tokens_per_s={tps:.0f} speedup_vs_torch={tps/torch_tps('plain'):.3f} "
+      f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
 PY
+# at most 8 files come back
+cp "$logs/summary.txt" "$logs/tests.txt" "$out/" 2>/dev/null
+for f in "$logs"/chunkwise_cuda_*.log "$logs"/memcheck_*.log "$logs/gpt2_device_host.log"; do echo "== $f"; cat "$f"; done > "$out/tests.log"
+for f in "$logs"/train_*.log "$logs/torch.log"; do echo "== $f"; cat "$f"; done > "$out/runs.log"
+tail -c 200000 "$logs/build.log" > "$out/build.log"
+stamp "done"

@@ -1,6 +1,6 @@
 #pragma once
 // Where the model's matrix products run. By default the loops in gpt2_model.hpp (OpenMP on the CPU); a trainer may
-// install another engine for fp32, as train_gpt2 --backend cuda installs cuBLAS (cuda_matmul.cu). The products keep
+// install another engine for fp32, as train_gpt2 installs OpenBLAS (blas_matmul.hpp). The products keep
 // llm.c's shapes: out (B*T, OC) = inp (B*T, C) . weight (OC, C)^T + bias; backward accumulates into dinp, dweight
 // and dbias (bias pointers may be null).
 #include <cstddef>
@@ -20,8 +20,5 @@ inline const matmul_engine*& installed_matmul_engine() noexcept {
   static const matmul_engine* engine = nullptr;
   return engine;
 }
-
-/// The cuBLAS engine (cuda_matmul.cu), where the build has CUDA: throws chunkwise::error when no GPU is usable.
-const matmul_engine& cuda_matmul_engine();
 
 }  // namespace gpt2

@@ -31,8 +31,9 @@
 //   --comm-timeout S (300: a process rank waiting longer for a collective ends the job, naming the peers on its
 //   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
-//   --backend host|cuda (host: every product in the CPU loops; cuda: the matrix products through cuBLAS on the GPU,
-//   where the build has CUDA; chunk memory stays in the host backend's tiers)
+//   --backend host|cuda (host: the passes on the CPU; cuda: the passes on the GPU (device_model.hpp: Thrust functors,
+//   cuBLAS in fp32), where the build has CUDA; chunk memory and the optimizer stay in the host backend's tiers, each
+//   pass's parameters copied to the GPU and its gradients back)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
@@ -44,6 +45,9 @@
 #include <chunkwise/runtime/runtime.hpp>
 
 #include "chunked_trainer.hpp"
+#if CHUNKWISE_GPT2_CUDA
+#include "device_executor.hpp"
+#endif
 #include "process_ranks.hpp"
 #include "data_loader.hpp"
 #if CHUNKWISE_GPT2_BLAS
@@ -62,6 +66,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -480,17 +485,35 @@ void train_rank(const rank_setup& setup, Comm& comm) {
   };
   // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
   gpt2::chunk_executor passes(rt, compute, acts);
+#if CHUNKWISE_GPT2_CUDA
+  // --backend cuda: the same schedule with the passes on the GPU, each pass's tensors staged from chunk memory.
+  gpt2::chunk_tensors chunks(rt, compute);
+  std::unique_ptr<gpt2::device_workspace> workspace;
+  std::optional<gpt2::device_executor<gpt2::chunk_tensors<runtime<Plan, host_backend, Comm>>>> on_device;
+  if (o.backend == "cuda") {
+    workspace = std::make_unique<gpt2::device_workspace>(config);
+    on_device.emplace(chunks, *workspace, config);
+    if (r == 0) std::printf("backend: the passes on %s\n", workspace->device_name());
+  }
+#endif
   const gpt2::data_loader* batch = &train_data;  // the batch the passes read
   const auto run = [&](bool backward) {
-    passes.restart();
     const int* x = batch->tokens().data();
     const int* y = batch->targets().data();
-    const auto loss = static_cast<float>(gpt2::forward(passes, config, x, y));
-    if (backward) {
-      fault_if_asked(r, rt.steps() + 1);
-      gpt2::backward(passes, config, x, y);
-    }
-    return loss;
+    const auto schedule = [&](auto& executor) {
+      const auto loss = static_cast<float>(gpt2::forward(executor, config, x, y));
+      if (backward) {
+        fault_if_asked(r, rt.steps() + 1);
+        gpt2::backward(executor, config, x, y);
+      }
+      return loss;
+    };
+    passes.restart();
+#if CHUNKWISE_GPT2_CUDA
+    chunks.restart();
+    if (on_device) return schedule(*on_device);
+#endif
+    return schedule(passes);
   };
   for (std::size_t step = first_step; step <= o.steps; ++step) {
     train_data.next_batch();
@@ -654,9 +677,15 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   }
   // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
   const double gemm_flops = machine.device_flops_per_second;
-  machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks_here, o.type);
-  std::printf("compute: the model's pass functions run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
-              "(GEMM peak %.2f)\n\n", machine.device_flops_per_second / 1e9, o.ranks_here,
+#if CHUNKWISE_GPT2_CUDA
+  if (o.backend == "cuda")
+    machine.device_flops_per_second = gpt2::measure_device_pass_flops(o.model);
+  else
+#endif
+    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks_here, o.type);
+  std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
+              "(GEMM peak %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
+              machine.device_flops_per_second / 1e9, o.ranks_here,
               o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
               gemm_flops / 1e9);
   print_memory(o, model, machine.device_memory, measured_memory);
@@ -776,8 +805,7 @@ int main(int argc, char** argv) {
     }
     if (o.backend == "cuda") {
 #if CHUNKWISE_GPT2_CUDA
-      gpt2::installed_matmul_engine() = &gpt2::cuda_matmul_engine();
-      std::printf("backend: matrix products through %s on the GPU\n", gpt2::installed_matmul_engine()->name);
+      gpt2::device_workspace probe(gpt2::model_config{});  // no usable GPU: a clear error here, before planning
 #else
       throw_error(error_code::unsupported, "--backend cuda: this train_gpt2 was built without CUDA (the CUDA "
                                              "toolkit was not found, or CHUNKWISE_CUDA=OFF)");

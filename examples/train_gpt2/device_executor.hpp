@@ -1,0 +1,129 @@
+#pragma once
+// Runs the schedule (schedule.hpp) with the maths on a device (device_model.hpp) and the tensors in host memory:
+// each pass enters its host scope (for chunk memory: the runtime acquires the pass's chunks), copies its parameters
+// into the device workspace's staging, runs the device passes, and adds the gradients they computed into the host
+// ones before the scope ends (the runtime then reduces them and updates them where the plan keeps the optimizer
+// states). ZeRO-Offload's split: weights, gradients and Adam in host memory, the forward and backward maths on the
+// GPU.
+#include <chunkwise/runtime/fp32_compute.hpp>
+
+#include "device_model.hpp"
+#include "reference_trainer.hpp"
+#include "schedule.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace gpt2 {
+
+/// The runtime's chunk memory as a device_executor's host tensors: a pass acquires its chunks (rt.use, passes
+/// numbered in the profile's order) and reads and writes them in fp32 through fp32_compute.
+template <class Runtime>
+class chunk_tensors {
+ public:
+  chunk_tensors(Runtime& rt, chunkwise::fp32_compute<Runtime>& compute) : rt_(&rt), compute_(&compute) {}
+  void restart() noexcept { next_ = 0; }
+  template <class Body>
+  void around_pass(Body&& body) {
+    const auto in_use = rt_->use(next_++);
+    const auto flushing = compute_->flush_at_exit();  // destroyed first: the gradients go in before the release
+    body();
+  }
+  float* parameter(std::size_t t) { return compute_->parameter(static_cast<std::uint32_t>(t)); }
+  float* gradient(std::size_t t) { return compute_->gradient(static_cast<std::uint32_t>(t)); }
+
+ private:
+  Runtime* rt_;
+  chunkwise::fp32_compute<Runtime>* compute_;
+  std::size_t next_ = 0;
+};
+
+/// A reference trainer's arrays as a device_executor's host tensors (the device passes' tests and calibration).
+struct trainer_tensors {
+  reference_trainer* trainer;
+  template <class Body>
+  void around_pass(Body&& body) {
+    body();
+  }
+  float* parameter(std::size_t t) { return trainer->param(t); }
+  float* gradient(std::size_t t) { return trainer->grad(t); }
+};
+
+/// HostTensors: around_pass(body), parameter(t), gradient(t) (float*, tensor t in parameter_tensors order).
+template <class HostTensors>
+class device_executor {
+ public:
+  device_executor(HostTensors& host, device_workspace& workspace, const model_config& config)
+      : host_(&host), workspace_(&workspace) {
+    for (const auto& tensor : parameter_tensors(config)) elements_.push_back(tensor.elements);
+    parameters_.assign(elements_.size(), nullptr);
+    gradients_.assign(elements_.size(), nullptr);
+  }
+
+  template <class Body>
+  void pass(const pass_info& info, Body&& body) {
+    host_->around_pass([&] {
+      const bool backward = info.kind == chunkwise::pass_kind::backward;
+      std::size_t offset = 0;
+      for (const auto t : info.tensors) {
+        parameters_[t] = workspace_->stage_parameter(offset, host_->parameter(t), elements_[t]);
+        gradients_[t] = backward ? workspace_->zeroed_gradient(offset, elements_[t]) : nullptr;
+        offset += elements_[t];
+      }
+      body(*this);
+      if (!backward) return;
+      offset = 0;
+      for (const auto t : info.tensors) {
+        workspace_->add_gradient_to(host_->gradient(t), offset, elements_[t]);
+        offset += elements_[t];
+      }
+    });
+  }
+  /// Device pointers of the running pass's tensors.
+  float* param(std::size_t t) { return parameters_[t]; }
+  float* grad(std::size_t t) { return gradients_[t]; }
+  device_workspace& acts() noexcept { return *workspace_; }
+
+ private:
+  HostTensors* host_;
+  device_workspace* workspace_;
+  std::vector<std::size_t> elements_;
+  std::vector<float*> parameters_, gradients_;
+};
+
+/// The FLOP/s the device passes reach, their staging copies included: the compute rate the planner charges for
+/// train_gpt2 --backend cuda. As measure_pass_flops (chunked_trainer.hpp) on the CPU: the model cut to as many layers
+/// as fit 1 GiB of training state, one warm-up, then the median of `iterations` forward and backward passes.
+inline double measure_device_pass_flops(model_config config, int iterations = 5) {
+  const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
+  config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
+  reference_trainer trainer(config, 1);
+  device_workspace workspace(config);
+  trainer_tensors host{&trainer};
+  device_executor run(host, workspace, config);
+  std::vector<int> tokens(config.batch * config.context), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int>((i * 7) % config.vocab);
+    targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
+  }
+  const auto forward_backward = [&] {
+    trainer.zero_gradients();
+    forward(run, config, tokens.data(), targets.data());
+    backward(run, config, tokens.data(), targets.data());
+    workspace.synchronize();
+  };
+  forward_backward();
+  std::vector<double> times;
+  for (int i = 0; i < iterations; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    forward_backward();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  return static_cast<double>(trace_profile(config).total_flops()) / times[times.size() / 2];
+}
+
+}  // namespace gpt2

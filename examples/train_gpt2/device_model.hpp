@@ -1,0 +1,61 @@
+#pragma once
+// GPT-2's passes on a Thrust device: the same six passes as gpt2_model.hpp (embed, layer, head; forward and
+// backward), with the same signatures, overloaded on the activations' type. The schedule (schedule.hpp) calls
+// `embed_forward(x.param(...), ..., x.acts())`: an executor whose acts() is a device_workspace runs these, one whose
+// acts() is activations<float> runs the CPU loops. Pointers handed to these passes are device pointers (the
+// workspace's staging, below); tokens and targets are host arrays, copied in by the pass that reads them.
+//
+// The definitions (device_model_impl.hpp) are Thrust functors: compiled by nvcc they run on the GPU (device_model.cu,
+// matrix products through cuBLAS); compiled by g++ with Thrust's OpenMP device system they run on the CPU, which is
+// how CI tests this very source against the CPU loops without a GPU (tests/gpt2_device_test.cpp).
+#include "gpt2_model.hpp"
+
+#include <cstddef>
+#include <memory>
+
+namespace gpt2 {
+
+/// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token
+/// and target arrays, and a staging area for the tensors of one pass: their parameters copied in, their gradients
+/// zeroed, computed into and added out to the trainer's. Throws chunkwise::error(unsupported) when the device system
+/// has no device to run on (CUDA without a visible GPU).
+class device_workspace {
+ public:
+  explicit device_workspace(const model_config& config);
+  ~device_workspace();
+  device_workspace(const device_workspace&) = delete;
+  device_workspace& operator=(const device_workspace&) = delete;
+
+  /// "CUDA (<GPU name>)" or "OpenMP (host)": where these passes run.
+  [[nodiscard]] const char* device_name() const noexcept;
+  /// Elements the staging area holds: the largest pass's parameters (and as many gradients).
+  [[nodiscard]] std::size_t staging_elements() const noexcept;
+
+  /// Copies `elements` parameters from host memory to the staging area at `offset`; returns the device pointer.
+  float* stage_parameter(std::size_t offset, const float* host, std::size_t elements);
+  /// The staging area's gradient slot at `offset`, zeroed: a pass accumulates into it.
+  float* zeroed_gradient(std::size_t offset, std::size_t elements);
+  /// host[i] += gradient slot at `offset`[i]: a pass's gradients added to the trainer's (which accumulate, as the
+  /// CPU passes' do).
+  void add_gradient_to(float* host, std::size_t offset, std::size_t elements);
+  /// Blocks until the device has run everything queued (timing; the passes synchronise where they return values).
+  void synchronize();
+
+  struct state;
+  [[nodiscard]] state& buffers() noexcept { return *state_; }
+
+ private:
+  std::unique_ptr<state> state_;
+};
+
+void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts);
+void layer_forward(std::size_t layer, const layer_params<float>& p, device_workspace& acts);
+float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float* wte, const int* targets,
+                   device_workspace& acts);
+void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_weight, float* d_ln_f_bias, float* d_wte,
+                   const int* targets, device_workspace& acts);
+void layer_backward(std::size_t layer, const layer_params<float>& p, const layer_grads<float>& g,
+                    device_workspace& acts);
+void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts);
+
+}  // namespace gpt2

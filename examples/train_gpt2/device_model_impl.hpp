@@ -1,0 +1,350 @@
+#pragma once
+// The definitions of device_model.hpp, for exactly one translation unit of a program: device_model.cu (nvcc, the
+// GPU) or a host test compiled with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP. Each pass is gpt2_model.hpp's,
+// line for line, with its loops as device_kernels.hpp's functors and its matrix products through `matmul_context`:
+// cuBLAS in fp32 (no TF32, so the GPU agrees with the CPU to fp32 rounding) on the GPU, the CPU loops on the host.
+#include "device_kernels.hpp"
+#include "device_model.hpp"
+
+#include <chunkwise/core/error.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+#include <thrust/fill.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__)
+#include <chunkwise/core/cuda/checked_call.cuh>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace gpt2 {
+namespace device_detail {
+
+using device_kernels::for_each_index;
+using device_kernels::index;
+
+#if defined(__CUDACC__)
+/// The GPU's matrix products: llm.c's cuBLAS calls on the default stream (the one Thrust's algorithms use).
+class matmul_context {
+ public:
+  matmul_context() {
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices == 0)
+      chunkwise::throw_error(chunkwise::error_code::unsupported,
+                             std::string("train_gpt2 --backend cuda: no usable GPU (") + cudaGetErrorName(status) +
+                                 "); use --backend host, or run where a GPU is visible");
+    cudaDeviceProp properties{};
+    CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, 0), "GPT-2 device passes");
+    name_ = std::string("CUDA (") + properties.name + ")";
+    CHUNKWISE_CUBLAS_TRY(cublasCreate(&handle_), "GPT-2 device passes");
+    CHUNKWISE_CUBLAS_TRY(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "GPT-2 device passes");
+  }
+  ~matmul_context() { (void)cublasDestroy(handle_); }
+  matmul_context(const matmul_context&) = delete;
+  matmul_context& operator=(const matmul_context&) = delete;
+
+  [[nodiscard]] const char* name() const noexcept { return name_.c_str(); }
+
+  // out (rows, OC) = inp (rows, C) . weight (OC, C)^T + bias. Column-major: out^T = weight^T-as-stored . inp^T.
+  void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
+    const float one = 1.0f, zero = 0.0f;
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(OC), to_int(rows), to_int(C), &one,
+                                     weight, to_int(C), inp, to_int(C), &zero, out, to_int(OC)),
+                         "GPT-2 matmul forward");
+    if (bias != nullptr) for_each_index(rows * OC, device_kernels::add_bias{out, bias, OC});
+  }
+  // dinp (rows, C) += dout . weight; dweight (OC, C) += dout^T . inp; dbias (OC) += the column sums of dout.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                index rows, index C, index OC) {
+    const float one = 1.0f;
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, to_int(C), to_int(rows), to_int(OC), &one,
+                                     weight, to_int(C), dout, to_int(OC), &one, dinp, to_int(C)),
+                         "GPT-2 matmul backward (input)");
+    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, to_int(C), to_int(OC), to_int(rows), &one,
+                                     inp, to_int(C), dout, to_int(OC), &one, dweight, to_int(C)),
+                         "GPT-2 matmul backward (weight)");
+    if (dbias != nullptr) for_each_index(OC, device_kernels::bias_backward{dbias, dout, rows, OC});
+  }
+  void synchronize() { CHUNKWISE_CUDA_TRY(cudaDeviceSynchronize(), "GPT-2 device passes"); }
+
+ private:
+  static int to_int(index n) { return static_cast<int>(n); }
+  cublasHandle_t handle_ = nullptr;
+  std::string name_;
+};
+#else
+/// The host's matrix products: gpt2_model.hpp's loops (B = 1, T = rows), so the test compares the other maths.
+class matmul_context {
+ public:
+  [[nodiscard]] const char* name() const noexcept { return "OpenMP (host)"; }
+  void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
+    kernels::matmul_forward(out, inp, weight, bias, 1, rows, C, OC);
+  }
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                index rows, index C, index OC) {
+    kernels::matmul_backward(dinp, dweight, dbias, dout, inp, weight, 1, rows, C, OC);
+  }
+  void synchronize() {}
+};
+#endif
+
+using buffer = thrust::device_vector<float>;
+
+inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
+inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
+inline void zero(buffer& b) { thrust::fill(b.begin(), b.end(), 0.0f); }
+inline void zero(float* p, index n) { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); }
+
+}  // namespace device_detail
+
+// activations<float>'s buffers, in device memory, with the same sizes and slots (recompute: one slot).
+struct device_workspace::state {
+  explicit state(const model_config& config)
+      : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
+        Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
+    validate(config);
+    const std::size_t BT = B * T, BTC = B * T * C, S = slots;
+    auto sized = [](std::size_t n) { return device_detail::buffer(n, 0.0f); };
+    encoded = sized(BTC);
+    ln1 = sized(S * BTC), ln1_mean = sized(S * BT), ln1_rstd = sized(S * BT);
+    qkv = sized(S * BTC * 3), atty = sized(S * BTC);
+    preatt = sized(S * B * NH * T * T), att = sized(S * B * NH * T * T);
+    attproj = sized(S * BTC), residual2 = sized(S * BTC);
+    ln2 = sized(S * BTC), ln2_mean = sized(S * BT), ln2_rstd = sized(S * BT);
+    fch = sized(S * BTC * 4), fch_gelu = sized(S * BTC * 4), fcproj = sized(S * BTC), residual3 = sized(L * BTC);
+    lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
+    logits = sized(BT * Vp), probs = sized(BT * Vp), losses = sized(BT);
+    dresidual = sized((L + 1) * BTC);
+    dln1 = sized(BTC), dqkv = sized(BTC * 3), datty = sized(BTC);
+    dpreatt = sized(B * NH * T * T), datt = sized(B * NH * T * T);
+    dattproj = sized(BTC), dresidual2 = sized(BTC), dln2 = sized(BTC);
+    dfch = sized(BTC * 4), dfch_gelu = sized(BTC * 4), dfcproj = sized(BTC);
+    dlnf = sized(BTC), dlogits = sized(BT * Vp);
+    tokens = thrust::device_vector<int>(BT, 0);
+    targets = thrust::device_vector<int>(BT, 0);
+    // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
+    const auto sizes = layer_tensor_sizes(config);
+    std::size_t layer = 0;
+    for (const auto n : sizes) layer += n;
+    staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
+    staged_parameters = sized(staging);
+    staged_gradients = sized(staging);
+  }
+
+  std::size_t slot(std::size_t l) const noexcept { return slots == L ? l : 0; }
+  // tokens or targets (host, checked) into their device array
+  const int* upload(thrust::device_vector<int>& to, const int* host, const char* what) {
+    kernels::check_tokens(host, B * T, V, what);
+    thrust::copy_n(host, B * T, to.begin());
+    return thrust::raw_pointer_cast(to.data());
+  }
+
+  std::size_t B, T, C, NH, L, V, Vp, slots, staging = 0;
+  device_detail::buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean,
+      ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+  device_detail::buffer dresidual, dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu,
+      dfcproj, dlnf, dlogits;
+  thrust::device_vector<int> tokens, targets;
+  device_detail::buffer staged_parameters, staged_gradients;
+  std::vector<float> downloaded;  // a pass's gradient on its way to the trainer's
+  std::vector<float> host_losses;
+  device_detail::matmul_context matmul;
+};
+
+device_workspace::device_workspace(const model_config& config) : state_(std::make_unique<state>(config)) {}
+device_workspace::~device_workspace() = default;
+
+const char* device_workspace::device_name() const noexcept { return state_->matmul.name(); }
+std::size_t device_workspace::staging_elements() const noexcept { return state_->staging; }
+
+namespace device_detail {
+inline void check_staging(std::size_t offset, std::size_t elements, std::size_t staging) {
+  if (offset + elements > staging)
+    chunkwise::throw_error(chunkwise::error_code::invalid_argument,
+                           "GPT-2 device passes: staging [" + std::to_string(offset) + ", " +
+                               std::to_string(offset + elements) + ") is past the " + std::to_string(staging) +
+                               " elements of the largest pass");
+}
+}  // namespace device_detail
+
+float* device_workspace::stage_parameter(std::size_t offset, const float* host, std::size_t elements) {
+  device_detail::check_staging(offset, elements, state_->staging);
+  thrust::copy_n(host, elements, state_->staged_parameters.begin() + static_cast<std::ptrdiff_t>(offset));
+  return device_detail::raw(state_->staged_parameters) + offset;
+}
+
+float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t elements) {
+  device_detail::check_staging(offset, elements, state_->staging);
+  float* gradient = device_detail::raw(state_->staged_gradients) + offset;
+  device_detail::zero(gradient, elements);
+  return gradient;
+}
+
+void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
+  device_detail::check_staging(offset, elements, state_->staging);
+  auto& downloaded = state_->downloaded;
+  downloaded.resize(elements);
+  const auto from = state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset);
+  thrust::copy_n(from, elements, downloaded.begin());
+  const float* d = downloaded.data();
+#pragma omp parallel for
+  for (std::size_t i = 0; i < elements; ++i) host[i] += d[i];
+}
+
+void device_workspace::synchronize() { state_->matmul.synchronize(); }
+
+// ----------------------------------------------------------------------------------------------------------------
+// The passes (gpt2_model.hpp's, on device memory)
+
+void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts) {
+  auto& s = acts.buffers();
+  const int* d_tokens = s.upload(s.tokens, tokens, "tokens");
+  device_detail::for_each_index(s.B * s.T * s.C, device_kernels::encoder_forward{device_detail::raw(s.encoded),
+                                                                                 d_tokens, wte, wpe, s.T, s.C});
+}
+
+void layer_forward(std::size_t layer, const layer_params<float>& p, device_workspace& acts) {
+  using namespace device_kernels;
+  using device_detail::raw;
+  auto& s = acts.buffers();
+  const std::size_t B = s.B, T = s.T, C = s.C, NH = s.NH, BT = B * T, BTC = BT * C, l = layer, k = s.slot(layer);
+  const float* residual = l == 0 ? raw(s.encoded) : raw(s.residual3) + (l - 1) * BTC;
+  float* ln1 = raw(s.ln1) + k * BTC;
+  float* ln1_mean = raw(s.ln1_mean) + k * BT;
+  float* ln1_rstd = raw(s.ln1_rstd) + k * BT;
+  float* qkv = raw(s.qkv) + k * BTC * 3;
+  float* atty = raw(s.atty) + k * BTC;
+  float* preatt = raw(s.preatt) + k * B * NH * T * T;
+  float* att = raw(s.att) + k * B * NH * T * T;
+  float* attproj = raw(s.attproj) + k * BTC;
+  float* residual2 = raw(s.residual2) + k * BTC;
+  float* ln2 = raw(s.ln2) + k * BTC;
+  float* ln2_mean = raw(s.ln2_mean) + k * BT;
+  float* ln2_rstd = raw(s.ln2_rstd) + k * BT;
+  float* fch = raw(s.fch) + k * BTC * 4;
+  float* fch_gelu = raw(s.fch_gelu) + k * BTC * 4;
+  float* fcproj = raw(s.fcproj) + k * BTC;
+  float* residual3 = raw(s.residual3) + l * BTC;
+
+  for_each_index(BT, device_kernels::layernorm_forward{ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight],
+                                                       p[ln_1_bias], C});
+  s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
+  for_each_index(B * T * NH, device_kernels::attention_forward{atty, preatt, att, qkv, T, C, NH});
+  s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
+  for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
+  for_each_index(BT, device_kernels::layernorm_forward{ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight],
+                                                       p[ln_2_bias], C});
+  s.matmul.forward(fch, ln2, p[mlp_c_fc_weight], p[mlp_c_fc_bias], BT, C, 4 * C);
+  for_each_index(BTC * 4, device_kernels::gelu_forward{fch_gelu, fch});
+  s.matmul.forward(fcproj, fch_gelu, p[mlp_c_proj_weight], p[mlp_c_proj_bias], BT, 4 * C, C);
+  for_each_index(BTC, device_kernels::residual_forward{residual3, residual2, fcproj});
+}
+
+float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float* wte, const int* targets,
+                   device_workspace& acts) {
+  using device_detail::raw;
+  auto& s = acts.buffers();
+  const std::size_t BT = s.B * s.T, C = s.C;
+  const int* d_targets = s.upload(s.targets, targets, "targets");
+  const float* residual = raw(s.residual3) + (s.L - 1) * BT * C;
+  device_detail::for_each_index(BT, device_kernels::layernorm_forward{raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd),
+                                                                      residual, ln_f_weight, ln_f_bias, C});
+  s.matmul.forward(raw(s.logits), raw(s.lnf), wte, nullptr, BT, C, s.Vp);
+  device_detail::for_each_index(BT, device_kernels::softmax_crossentropy_forward{
+                                        raw(s.probs), raw(s.losses), raw(s.logits), d_targets, s.V, s.Vp});
+  s.host_losses.resize(BT);
+  thrust::copy(s.losses.begin(), s.losses.end(), s.host_losses.begin());
+  double sum = 0;  // in double, in row order, as the CPU's head_forward
+  for (const float loss : s.host_losses) sum += static_cast<double>(loss);
+  return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_weight, float* d_ln_f_bias, float* d_wte,
+                   const int* targets, device_workspace& acts) {
+  using device_detail::raw, device_detail::zero;
+  auto& s = acts.buffers();
+  const std::size_t BT = s.B * s.T, C = s.C, BTC = BT * C;
+  const int* d_targets = s.upload(s.targets, targets, "targets");
+  zero(s.dlogits);
+  zero(s.dlnf);
+  float* dresidual = raw(s.dresidual) + s.L * BTC;
+  zero(dresidual, BTC);
+  const float* residual = raw(s.residual3) + (s.L - 1) * BTC;
+  const float dloss = 1.0f / static_cast<float>(BT);
+  device_detail::for_each_index(BT * s.Vp, device_kernels::crossentropy_softmax_backward{
+                                               raw(s.dlogits), raw(s.probs), d_targets, dloss, s.V, s.Vp});
+  s.matmul.backward(raw(s.dlnf), d_wte, nullptr, raw(s.dlogits), raw(s.lnf), wte, BT, C, s.Vp);
+  device_detail::for_each_index(BT, device_kernels::layernorm_backward_input{dresidual, raw(s.dlnf), residual,
+                                                                             ln_f_weight, raw(s.lnf_mean),
+                                                                             raw(s.lnf_rstd), C});
+  device_detail::for_each_index(C, device_kernels::layernorm_backward_parameters{
+                                       d_ln_f_weight, d_ln_f_bias, raw(s.dlnf), residual, raw(s.lnf_mean),
+                                       raw(s.lnf_rstd), BT, C});
+}
+
+void layer_backward(std::size_t layer, const layer_params<float>& p, const layer_grads<float>& g,
+                    device_workspace& acts) {
+  using namespace device_kernels;
+  using device_detail::raw, device_detail::zero;
+  auto& s = acts.buffers();
+  const std::size_t B = s.B, T = s.T, C = s.C, NH = s.NH, BT = B * T, BTC = BT * C, l = layer, k = s.slot(layer);
+  const float* residual = l == 0 ? raw(s.encoded) : raw(s.residual3) + (l - 1) * BTC;
+  const float* ln1 = raw(s.ln1) + k * BTC;
+  const float* ln1_mean = raw(s.ln1_mean) + k * BT;
+  const float* ln1_rstd = raw(s.ln1_rstd) + k * BT;
+  const float* qkv = raw(s.qkv) + k * BTC * 3;
+  const float* atty = raw(s.atty) + k * BTC;
+  const float* att = raw(s.att) + k * B * NH * T * T;
+  const float* residual2 = raw(s.residual2) + k * BTC;
+  const float* ln2 = raw(s.ln2) + k * BTC;
+  const float* ln2_mean = raw(s.ln2_mean) + k * BT;
+  const float* ln2_rstd = raw(s.ln2_rstd) + k * BT;
+  const float* fch = raw(s.fch) + k * BTC * 4;
+  const float* fch_gelu = raw(s.fch_gelu) + k * BTC * 4;
+  const float* dresidual3 = raw(s.dresidual) + (l + 1) * BTC;
+  float* dresidual = raw(s.dresidual) + l * BTC;
+  for (auto* b : {&s.dln1, &s.dqkv, &s.datty, &s.dpreatt, &s.datt, &s.dattproj, &s.dresidual2, &s.dln2, &s.dfch,
+                  &s.dfch_gelu, &s.dfcproj})
+    zero(*b);
+  zero(dresidual, BTC);
+
+  for_each_index(BTC, device_kernels::residual_backward{raw(s.dresidual2), raw(s.dfcproj), dresidual3});
+  s.matmul.backward(raw(s.dfch_gelu), g[mlp_c_proj_weight], g[mlp_c_proj_bias], raw(s.dfcproj), fch_gelu,
+                    p[mlp_c_proj_weight], BT, 4 * C, C);
+  for_each_index(BTC * 4, device_kernels::gelu_backward{raw(s.dfch), fch, raw(s.dfch_gelu)});
+  s.matmul.backward(raw(s.dln2), g[mlp_c_fc_weight], g[mlp_c_fc_bias], raw(s.dfch), ln2, p[mlp_c_fc_weight], BT, C,
+                    4 * C);
+  for_each_index(BT, device_kernels::layernorm_backward_input{raw(s.dresidual2), raw(s.dln2), residual2,
+                                                              p[ln_2_weight], ln2_mean, ln2_rstd, C});
+  for_each_index(C, device_kernels::layernorm_backward_parameters{g[ln_2_weight], g[ln_2_bias], raw(s.dln2),
+                                                                  residual2, ln2_mean, ln2_rstd, BT, C});
+  for_each_index(BTC, device_kernels::residual_backward{dresidual, raw(s.dattproj), raw(s.dresidual2)});
+  s.matmul.backward(raw(s.datty), g[attn_c_proj_weight], g[attn_c_proj_bias], raw(s.dattproj), atty,
+                    p[attn_c_proj_weight], BT, C, C);
+  for_each_index(B * NH * T, device_kernels::attention_backward_queries{raw(s.dqkv), raw(s.dpreatt), raw(s.datt),
+                                                                        raw(s.datty), qkv, att, T, C, NH});
+  for_each_index(B * NH * T, device_kernels::attention_backward_keys_values{raw(s.dqkv), raw(s.dpreatt),
+                                                                            raw(s.datty), qkv, att, T, C, NH});
+  s.matmul.backward(raw(s.dln1), g[attn_c_attn_weight], g[attn_c_attn_bias], raw(s.dqkv), ln1, p[attn_c_attn_weight],
+                    BT, C, 3 * C);
+  for_each_index(BT, device_kernels::layernorm_backward_input{dresidual, raw(s.dln1), residual, p[ln_1_weight],
+                                                              ln1_mean, ln1_rstd, C});
+  for_each_index(C, device_kernels::layernorm_backward_parameters{g[ln_1_weight], g[ln_1_bias], raw(s.dln1), residual,
+                                                                  ln1_mean, ln1_rstd, BT, C});
+}
+
+void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts) {
+  auto& s = acts.buffers();
+  const int* d_tokens = s.upload(s.tokens, tokens, "tokens");
+  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, d_wpe, device_detail::raw(s.dresidual),
+                                                                      d_tokens, s.B * s.T, s.T, s.C});
+}
+
+}  // namespace gpt2

@@ -1,0 +1,113 @@
+#pragma once
+// The GPT-2 device passes (examples/train_gpt2/device_model.hpp) against the CPU loops: the same test source runs on
+// the CPU through Thrust's OpenMP device system (tests/gpt2_device_test.cpp, in CI) and on the GPU through CUDA
+// (tests/cuda/gpt2_device_test.cu, where a GPU exists). Include after device_model_impl.hpp and doctest.
+#include "device_executor.hpp"
+#include "reference_trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace gpt2_device_cases {
+
+using gpt2::trainer_tensors;
+
+inline gpt2::model_config small_config() {
+  gpt2::model_config config;
+  config.vocab = 200;
+  config.padded_vocab = 256;  // llm.c's padding: the padded rows get no gradient
+  config.context = 24;
+  config.channels = 48;
+  config.heads = 4;
+  config.layers = 2;
+  config.batch = 3;
+  return config;
+}
+
+inline void batch_of(const gpt2::model_config& config, unsigned salt, std::vector<int>& tokens,
+                     std::vector<int>& targets) {
+  tokens.resize(config.batch * config.context);
+  targets.resize(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int>((i * 37 + salt * 11 + 5) % config.vocab);
+    targets[i] = static_cast<int>((i * 53 + salt * 7 + 1) % config.vocab);
+  }
+}
+
+/// The largest |device - reference| of a tensor, relative to the reference's largest magnitude.
+inline double relative_difference(std::span<const float> device, std::span<const float> reference) {
+  double worst = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < device.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(device[i]) - reference[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(reference[i])));
+  }
+  return worst / scale;
+}
+
+/// Two training steps, CPU loops against device passes from the same weights (the device's copy takes the CPU's
+/// after each update, so Adam does not amplify what it compares): the losses and every gradient agree to the
+/// device's rounding (exp, tanh, fused multiply-adds, cuBLAS's summation order).
+inline void check_against_cpu(const gpt2::model_config& config, double tolerance) {
+  gpt2::reference_trainer cpu(config, 42), device(config, 42);
+  gpt2::device_workspace workspace(config);
+  trainer_tensors host{&device};
+  gpt2::device_executor run(host, workspace, config);
+  MESSAGE("device passes on " << std::string(workspace.device_name()));
+  std::vector<int> tokens, targets;
+  for (unsigned step = 0; step < 2; ++step) {
+    batch_of(config, step, tokens, targets);
+    cpu.zero_gradients();
+    device.zero_gradients();
+    const float cpu_loss = cpu.forward(tokens.data(), targets.data());
+    cpu.backward(tokens.data(), targets.data());
+    const auto device_loss = static_cast<float>(gpt2::forward(run, config, tokens.data(), targets.data()));
+    gpt2::backward(run, config, tokens.data(), targets.data());
+    CAPTURE(step);
+    CHECK(std::abs(device_loss - cpu_loss) <= tolerance * std::abs(cpu_loss));
+    double worst = 0;
+    std::size_t worst_tensor = 0;
+    for (std::size_t t = 0; t < cpu.tensors().size(); ++t) {
+      const double d = relative_difference(device.gradient(t), cpu.gradient(t));
+      if (d > worst) worst = d, worst_tensor = t;
+    }
+    CAPTURE(cpu.tensors()[worst_tensor].name);
+    CAPTURE(worst);
+    CHECK(worst <= tolerance);
+    // the padded rows of wte are never a target: no gradient reaches them
+    const auto dwte = device.gradient(gpt2::wte_index);
+    CHECK(std::all_of(dwte.begin() + static_cast<std::ptrdiff_t>(config.vocab * config.channels), dwte.end(),
+                      [](float g) { return g == 0.0f; }));
+    cpu.update(1e-3f);
+    for (std::size_t t = 0; t < cpu.tensors().size(); ++t)
+      std::copy(cpu.parameter(t).begin(), cpu.parameter(t).end(), device.parameter(t).begin());
+  }
+}
+
+}  // namespace gpt2_device_cases
+
+TEST_CASE("GPT-2's device passes give the CPU loops' loss and gradients") {
+  gpt2_device_cases::check_against_cpu(gpt2_device_cases::small_config(), GPT2_DEVICE_TOLERANCE);
+}
+
+TEST_CASE("GPT-2's device passes under activation checkpointing give the CPU loops' loss and gradients") {
+  auto config = gpt2_device_cases::small_config();
+  config.recompute = true;
+  config.layers = 3;
+  gpt2_device_cases::check_against_cpu(config, GPT2_DEVICE_TOLERANCE);
+}
+
+TEST_CASE("a token outside the vocabulary is refused before it reaches the device") {
+  const auto config = gpt2_device_cases::small_config();
+  gpt2::reference_trainer trainer(config, 1);
+  gpt2::device_workspace workspace(config);
+  gpt2_device_cases::trainer_tensors host{&trainer};
+  gpt2::device_executor run(host, workspace, config);
+  std::vector<int> tokens, targets;
+  gpt2_device_cases::batch_of(config, 0, tokens, targets);
+  tokens[5] = static_cast<int>(config.vocab);  // a padded row: a row of wte, but no token
+  CHECK_THROWS_WITH(gpt2::forward(run, config, tokens.data(), targets.data()),
+                    doctest::Contains("tokens[5] = 200 is not a token of the vocabulary [0, 200)"));
+}

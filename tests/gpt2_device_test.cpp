@@ -1,0 +1,80 @@
+// The GPT-2 device passes on Thrust's OpenMP device system (the GPU's source, run by the CPU): against the CPU
+// loops (tests/gpt2_device_cases.hpp, the same cases the GPU runs in tests/cuda/gpt2_device_test.cu), and under the
+// runtime: train_gpt2 --backend cuda's executor trains resident and streamed plans to the CPU executor's parameters,
+// bit for bit.
+#include <doctest/doctest.h>
+
+#if CHUNKWISE_GPT2_DEVICE_TEST
+#include "device_model_impl.hpp"
+// On the host system the functors do the CPU loops' arithmetic in the loops' order: bit for bit.
+#define GPT2_DEVICE_TOLERANCE 0.0
+#include "gpt2_device_cases.hpp"
+
+#include "chunked_trainer.hpp"
+
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/runtime/runtime.hpp>
+
+namespace {
+
+using namespace chunkwise;
+
+/// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the
+/// device passes (device_executor).
+template <class Plan>
+std::vector<std::vector<float>> train(bool on_device, byte_count device_budget) {
+  auto config = gpt2_device_cases::small_config();
+  const auto model = gpt2::trace_profile(config);
+  thread_world world(1);
+  auto comm = world.comm(0);
+  runtime_options options;
+  options.device_budget = device_budget;
+  runtime<Plan, host_backend, thread_comm> rt(model, comm, gpt2::initializer(config, 9), options);
+  fp32_compute compute(rt);
+  gpt2::activations<float> acts(config);
+  gpt2::chunk_executor cpu(rt, compute, acts);
+  gpt2::device_workspace workspace(config);
+  gpt2::chunk_tensors chunks(rt, compute);
+  gpt2::device_executor device(chunks, workspace, config);
+  std::vector<int> tokens, targets;
+  for (unsigned step = 0; step < 3; ++step) {
+    gpt2_device_cases::batch_of(config, step, tokens, targets);
+    rt.zero_grad();
+    cpu.restart();
+    chunks.restart();
+    if (on_device) {
+      gpt2::forward(device, config, tokens.data(), targets.data());
+      gpt2::backward(device, config, tokens.data(), targets.data());
+    } else {
+      gpt2::forward(cpu, config, tokens.data(), targets.data());
+      gpt2::backward(cpu, config, tokens.data(), targets.data());
+    }
+    rt.step(1e-3f);
+  }
+  std::vector<std::vector<float>> parameters;
+  for (std::uint32_t t = 0; t < model.tensors.size(); ++t) parameters.push_back(rt.read_parameters(t));
+  return parameters;
+}
+
+using resident_plan = plan<gpt2::plans::chunks, resident, sharded, optimizer_follows_home>;
+using streamed_plan = plan<gpt2::plans::chunks, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU executor's parameters", Plan, resident_plan,
+                   streamed_plan) {
+  // streamed: a device budget of a few chunks, so the cache fetches and evicts inside the step
+  const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 3 * MiB : 1 * GiB;
+  const auto cpu = train<Plan>(false, budget), device = train<Plan>(true, budget);
+  REQUIRE(cpu.size() == device.size());
+  double worst = 0;
+  for (std::size_t t = 0; t < cpu.size(); ++t)
+    worst = std::max(worst, gpt2_device_cases::relative_difference(device[t], cpu[t]));
+  CAPTURE(worst);
+  CHECK(worst == 0.0);
+}
+#else
+TEST_CASE("GPT-2's device passes: not built (no Thrust headers: the CUDA toolkit's CCCL or Debian's libthrust-dev)") {
+  MESSAGE("skipped: Thrust not found at configure time");
+}
+#endif
