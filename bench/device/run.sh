@@ -71,7 +71,7 @@ trainer=build/device/examples/train_gpt2/train_gpt2
 run_trainer() {  # name, flags...
   local name=$1; shift
   stamp "train_gpt2 $name: $*"
-  OMP_NUM_THREADS="$(nproc)" timeout 150 "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
+  OMP_NUM_THREADS="$(nproc)" timeout 200 "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
     { echo "train_gpt2 $name failed (rc $?)"; tail -30 "$logs/train_$name.log"; }
   grep -E '^(plan|backend|compute|step +[0-9]+/|timing|done)' "$logs/train_$name.log" | head -40
 }
