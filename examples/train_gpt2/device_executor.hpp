@@ -1,8 +1,8 @@
 #pragma once
 // Runs the schedule (schedule.hpp) with the maths on a device (device_model.hpp) and the tensors in host memory:
-// each pass enters its host scope (for chunk memory: the runtime acquires the pass's chunks), copies its parameters
-// into the device workspace's staging, runs the device passes, and adds the gradients they computed into the host
-// ones before the scope ends (the runtime then reduces them and updates them where the plan keeps the optimizer
+// each pass enters its host scope (for chunk memory: the runtime acquires the pass's chunks), refreshes the device
+// mirror of its parameters where they changed since (once per step), runs the device passes, and adds the gradients
+// they computed into the host ones before the scope ends (the runtime then reduces them and updates them where the plan keeps the optimizer
 // states). ZeRO-Offload's split: weights, gradients and Adam in host memory, the forward and backward maths on the
 // GPU.
 #include <chunkwise/runtime/fp32_compute.hpp>
@@ -34,6 +34,8 @@ class chunk_tensors {
   }
   float* parameter(std::size_t t) { return compute_->parameter(static_cast<std::uint32_t>(t)); }
   float* gradient(std::size_t t) { return compute_->gradient(static_cast<std::uint32_t>(t)); }
+  /// Changes whenever the parameters do: the optimizer's applied steps.
+  [[nodiscard]] std::uint64_t version() const { return rt_->steps(); }
 
  private:
   Runtime* rt_;
@@ -50,9 +52,11 @@ struct trainer_tensors {
   }
   float* parameter(std::size_t t) { return trainer->param(t); }
   float* gradient(std::size_t t) { return trainer->grad(t); }
+  [[nodiscard]] std::uint64_t version() const { return trainer->steps(); }
 };
 
-/// HostTensors: around_pass(body), parameter(t), gradient(t) (float*, tensor t in parameter_tensors order).
+/// HostTensors: around_pass(body), parameter(t), gradient(t) (float*, tensor t in parameter_tensors order) and
+/// version() (changes whenever the parameters do).
 template <class HostTensors>
 class device_executor {
  public:
@@ -69,7 +73,7 @@ class device_executor {
       const bool backward = info.kind == chunkwise::pass_kind::backward;
       std::size_t offset = 0;
       for (const auto t : info.tensors) {
-        parameters_[t] = workspace_->stage_parameter(offset, host_->parameter(t), elements_[t]);
+        parameters_[t] = workspace_->parameter(t, host_->parameter(t), host_->version());
         gradients_[t] = backward ? workspace_->zeroed_gradient(offset, elements_[t]) : nullptr;
         offset += elements_[t];
       }

@@ -45,7 +45,8 @@ struct encoder_forward {
   }
 };
 
-// One channel c per index: the (b, t) rows in order, as the CPU's serial loop adds them (rows of wte repeat).
+// One channel c per index: the (b, t) rows in order, as the CPU's serial loop adds them (rows of wte repeat, so
+// those sums go to memory; wpe's rows repeat every T).
 struct encoder_backward {
   float* dwte;
   float* dwpe;
@@ -53,10 +54,11 @@ struct encoder_backward {
   const int* tokens;
   index BT, T, C;
   GPT2_HOST_DEVICE void operator()(index c) const {
-    for (index bt = 0; bt < BT; ++bt) {
-      const float d = dout[bt * C + c];
-      dwte[static_cast<index>(tokens[bt]) * C + c] += d;
-      dwpe[(bt % T) * C + c] += d;
+    for (index bt = 0; bt < BT; ++bt) dwte[static_cast<index>(tokens[bt]) * C + c] += dout[bt * C + c];
+    for (index t = 0; t < T; ++t) {
+      float sum = dwpe[t * C + c];
+      for (index bt = t; bt < BT; bt += T) sum += dout[bt * C + c];
+      dwpe[t * C + c] = sum;
     }
   }
 };
@@ -116,7 +118,8 @@ struct layernorm_backward_input {
   }
 };
 
-// The weight's and bias's gradients, one channel per index, summed over the rows in order.
+// The weight's and bias's gradients, one channel per index, summed over the rows in order (in registers: a sum
+// kept in memory would make every row a dependent global read-modify-write).
 struct layernorm_backward_parameters {
   float* dweight;
   float* dbias;
@@ -126,11 +129,14 @@ struct layernorm_backward_parameters {
   const float* rstd;
   index rows, C;
   GPT2_HOST_DEVICE void operator()(index i) const {
+    float db = dbias[i], dw = dweight[i];
     for (index row = 0; row < rows; ++row) {
       const float d = dout[row * C + i];
-      dbias[i] += d;
-      dweight[i] += (inp[row * C + i] - mean[row]) * rstd[row] * d;
+      db += d;
+      dw += (inp[row * C + i] - mean[row]) * rstd[row] * d;
     }
+    dbias[i] = db;
+    dweight[i] = dw;
   }
 };
 
@@ -148,7 +154,9 @@ struct bias_backward {
   const float* dout;
   index rows, OC;
   GPT2_HOST_DEVICE void operator()(index o) const {
-    for (index row = 0; row < rows; ++row) dbias[o] += dout[row * OC + o];
+    float sum = dbias[o];
+    for (index row = 0; row < rows; ++row) sum += dout[row * OC + o];
+    dbias[o] = sum;
   }
 };
 
@@ -183,11 +191,13 @@ struct attention_forward {
       att_row[t2] = e;
     }
     for (index t2 = 0; t2 <= t; ++t2) att_row[t2] /= expsum;
+    // each output channel summed over t2 in a register, in the CPU loop's order
     float* o = out + (b * T + t) * C + h * hs;
-    for (index k = 0; k < hs; ++k) o[k] = 0;
-    for (index t2 = 0; t2 <= t; ++t2) {
-      const float* value = qkv + (b * T + t2) * C3 + h * hs + 2 * C;
-      for (index k = 0; k < hs; ++k) o[k] += att_row[t2] * value[k];
+    const float* values = qkv + b * T * C3 + h * hs + 2 * C;
+    for (index k = 0; k < hs; ++k) {
+      float sum = 0;
+      for (index t2 = 0; t2 <= t; ++t2) sum += att_row[t2] * values[t2 * C3 + k];
+      o[k] = sum;
     }
   }
 };
@@ -214,15 +224,18 @@ struct attention_backward_queries {
     float* dquery = dqkv + (b * T + t) * C3 + h * hs;
     for (index t2 = 0; t2 <= t; ++t2) {
       const float* value = qkv + (b * T + t2) * C3 + h * hs + 2 * C;
-      for (index k = 0; k < hs; ++k) datt_row[t2] += value[k] * d[k];
+      float sum = datt_row[t2];
+      for (index k = 0; k < hs; ++k) sum += value[k] * d[k];
+      datt_row[t2] = sum;
     }
     float weighted = 0;
     for (index t2 = 0; t2 <= t; ++t2) weighted += att_row[t2] * datt_row[t2];
     for (index t2 = 0; t2 <= t; ++t2) dpreatt_row[t2] += att_row[t2] * (datt_row[t2] - weighted);
-    for (index t2 = 0; t2 <= t; ++t2) {
-      const float* key = qkv + (b * T + t2) * C3 + h * hs + C;
-      const float ds = dpreatt_row[t2] * scale;
-      for (index k = 0; k < hs; ++k) dquery[k] += key[k] * ds;
+    const float* keys = qkv + b * T * C3 + h * hs + C;
+    for (index k = 0; k < hs; ++k) {
+      float sum = dquery[k];
+      for (index t2 = 0; t2 <= t; ++t2) sum += keys[t2 * C3 + k] * (dpreatt_row[t2] * scale);
+      dquery[k] = sum;
     }
   }
 };
@@ -242,16 +255,18 @@ struct attention_backward_keys_values {
     const float scale = 1.0f / sqrtf(static_cast<float>(hs));
     float* dkey = dqkv + (b * T + t2) * C3 + h * hs + C;
     float* dvalue = dqkv + (b * T + t2) * C3 + h * hs + 2 * C;
-    for (index t = t2; t < T; ++t) {
-      const index row = (b * NH + h) * T + t;
-      const float a = att[row * T + t2];
-      const float ds = dpreatt[row * T + t2] * scale;
-      const float* d = dout + (b * T + t) * C + h * hs;
-      const float* query = qkv + (b * T + t) * C3 + h * hs;
-      for (index k = 0; k < hs; ++k) {
-        dvalue[k] += a * d[k];
-        dkey[k] += query[k] * ds;
+    const float* att_column = att + (b * NH + h) * T * T + t2;  // att[b, h, t, t2] at t * T
+    const float* dpreatt_column = dpreatt + (b * NH + h) * T * T + t2;
+    const float* douts = dout + b * T * C + h * hs;
+    const float* queries = qkv + b * T * C3 + h * hs;
+    for (index k = 0; k < hs; ++k) {
+      float dv = dvalue[k], dk = dkey[k];
+      for (index t = t2; t < T; ++t) {
+        dv += att_column[t * T] * douts[t * C + k];
+        dk += queries[t * C3 + k] * (dpreatt_column[t * T] * scale);
       }
+      dvalue[k] = dv;
+      dkey[k] = dk;
     }
   }
 };

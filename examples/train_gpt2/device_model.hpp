@@ -11,14 +11,16 @@
 #include "gpt2_model.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace gpt2 {
 
 /// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token
-/// and target arrays, and a staging area for the tensors of one pass: their parameters copied in, their gradients
-/// zeroed, computed into and added out to the trainer's. Throws chunkwise::error(unsupported) when the device system
-/// has no device to run on (CUDA without a visible GPU).
+/// and target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since),
+/// and a staging area for the gradients of one pass: zeroed, computed into, and added out to the trainer's through
+/// pinned host memory. Throws chunkwise::error(unsupported) when the device system has no device to run on (CUDA
+/// without a visible GPU).
 class device_workspace {
  public:
   explicit device_workspace(const model_config& config);
@@ -28,11 +30,13 @@ class device_workspace {
 
   /// "CUDA (<GPU name>)" or "OpenMP (host)": where these passes run.
   [[nodiscard]] const char* device_name() const noexcept;
-  /// Elements the staging area holds: the largest pass's parameters (and as many gradients).
+  /// Elements the gradient staging area holds: the largest pass's parameters.
   [[nodiscard]] std::size_t staging_elements() const noexcept;
 
-  /// Copies `elements` parameters from host memory to the staging area at `offset`; returns the device pointer.
-  float* stage_parameter(std::size_t offset, const float* host, std::size_t elements);
+  /// The device copy of parameter tensor `tensor` (parameter_tensors order), copied from `host` unless the mirror
+  /// already holds that tensor at `version`: any number that changes whenever the host parameters do (the
+  /// optimizer's step count).
+  float* parameter(std::size_t tensor, const float* host, std::uint64_t version);
   /// The staging area's gradient slot at `offset`, zeroed: a pass accumulates into it.
   float* zeroed_gradient(std::size_t offset, std::size_t elements);
   /// host[i] += gradient slot at `offset`[i]: a pass's gradients added to the trainer's (which accumulate, as the

@@ -13,6 +13,8 @@
 #include <thrust/fill.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,6 +99,39 @@ class matmul_context {
 
 using buffer = thrust::device_vector<float>;
 
+#if defined(__CUDACC__)
+/// Page-locked host memory: the GPU's copies to and from it run at the link's rate (pageable memory is copied
+/// through the driver's own staging first).
+class host_staging {
+ public:
+  explicit host_staging(std::size_t elements) : size_(elements) {
+    void* memory = nullptr;
+    CHUNKWISE_CUDA_TRY(cudaHostAlloc(&memory, elements * sizeof(float), cudaHostAllocDefault),
+                       "GPT-2 device passes: " + std::to_string(elements * sizeof(float)) + " bytes of pinned memory");
+    data_ = static_cast<float*>(memory);
+  }
+  ~host_staging() { (void)cudaFreeHost(data_); }
+  host_staging(const host_staging&) = delete;
+  host_staging& operator=(const host_staging&) = delete;
+  [[nodiscard]] float* data() noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  float* data_ = nullptr;
+  std::size_t size_;
+};
+#else
+class host_staging {
+ public:
+  explicit host_staging(std::size_t elements) : data_(elements) {}
+  [[nodiscard]] float* data() noexcept { return data_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return data_.size(); }
+
+ private:
+  std::vector<float> data_;
+};
+#endif
+
 inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline void zero(buffer& b) { thrust::fill(b.begin(), b.end(), 0.0f); }
@@ -134,8 +169,15 @@ struct device_workspace::state {
     std::size_t layer = 0;
     for (const auto n : sizes) layer += n;
     staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
-    staged_parameters = sized(staging);
     staged_gradients = sized(staging);
+    std::size_t total = 0;
+    for (const auto& tensor : parameter_tensors(config)) {
+      mirror_offsets.push_back(total);
+      total += tensor.elements;
+    }
+    mirror = sized(total);
+    mirror_versions.assign(mirror_offsets.size(), never);
+    pinned = std::make_unique<device_detail::host_staging>(staging);
   }
 
   std::size_t slot(std::size_t l) const noexcept { return slots == L ? l : 0; }
@@ -152,10 +194,14 @@ struct device_workspace::state {
   device_detail::buffer dresidual, dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu,
       dfcproj, dlnf, dlogits;
   thrust::device_vector<int> tokens, targets;
-  device_detail::buffer staged_parameters, staged_gradients;
-  std::vector<float> downloaded;  // a pass's gradient on its way to the trainer's
+  device_detail::matmul_context matmul;  // a CUDA build without a GPU fails here, before the body allocates
+  device_detail::buffer staged_gradients;
+  device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets
+  std::vector<std::size_t> mirror_offsets;
+  static constexpr std::uint64_t never = ~std::uint64_t{0};
+  std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)
+  std::unique_ptr<device_detail::host_staging> pinned;  // parameters in, gradients out
   std::vector<float> host_losses;
-  device_detail::matmul_context matmul;
 };
 
 device_workspace::device_workspace(const model_config& config) : state_(std::make_unique<state>(config)) {}
@@ -174,10 +220,26 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
 }
 }  // namespace device_detail
 
-float* device_workspace::stage_parameter(std::size_t offset, const float* host, std::size_t elements) {
-  device_detail::check_staging(offset, elements, state_->staging);
-  thrust::copy_n(host, elements, state_->staged_parameters.begin() + static_cast<std::ptrdiff_t>(offset));
-  return device_detail::raw(state_->staged_parameters) + offset;
+float* device_workspace::parameter(std::size_t tensor, const float* host, std::uint64_t version) {
+  auto& s = *state_;
+  if (tensor >= s.mirror_offsets.size())
+    chunkwise::throw_error(chunkwise::error_code::invalid_argument,
+                           "GPT-2 device passes: no parameter tensor " + std::to_string(tensor) + " among " +
+                               std::to_string(s.mirror_offsets.size()));
+  float* copy = device_detail::raw(s.mirror) + s.mirror_offsets[tensor];
+  if (s.mirror_versions[tensor] == version) return copy;
+  const std::size_t end = tensor + 1 < s.mirror_offsets.size() ? s.mirror_offsets[tensor + 1] : s.mirror.size();
+  const std::size_t elements = end - s.mirror_offsets[tensor];
+  float* pinned = s.pinned->data();
+  for (std::size_t done = 0; done < elements; done += s.pinned->size()) {  // wte may exceed the staging
+    const std::size_t n = std::min(s.pinned->size(), elements - done);
+    const float* from = host + done;
+#pragma omp parallel for
+    for (std::size_t i = 0; i < n; ++i) pinned[i] = from[i];
+    thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done));
+  }
+  s.mirror_versions[tensor] = version;
+  return copy;
 }
 
 float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t elements) {
@@ -189,13 +251,10 @@ float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t element
 
 void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
   device_detail::check_staging(offset, elements, state_->staging);
-  auto& downloaded = state_->downloaded;
-  downloaded.resize(elements);
-  const auto from = state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset);
-  thrust::copy_n(from, elements, downloaded.begin());
-  const float* d = downloaded.data();
+  float* pinned = state_->pinned->data();
+  thrust::copy_n(state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset), elements, pinned);
 #pragma omp parallel for
-  for (std::size_t i = 0; i < elements; ++i) host[i] += d[i];
+  for (std::size_t i = 0; i < elements; ++i) host[i] += pinned[i];
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }
