@@ -12,7 +12,8 @@
 # What the machine lacks travels with the working tree: Debian's doctest-dev and nlohmann-json3-dev as .deb files in
 # .device-debs/ (carry it), unpacked into a prefix the build finds. NCCL from the toolkit, else from PyTorch's wheel.
 # Usage (on the device machine): bash bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]
-# MEMCHECK_TESTS="..." names the CUDA tests to run under memcheck (default: all); DEADLINE_S (500) ends memcheck.
+# MEMCHECK_TESTS="..." names the CUDA tests to run under memcheck (default: all, none under QUICK=1); DEADLINE_S (500)
+# ends memcheck. QUICK=1 builds and tests only the trainer's device passes.
 # memcheck reports memory errors only (--report-api-errors no): NCCL probes its kernels with calls that fail.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,6 +53,8 @@ cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHUNKWISE_CUDA=
   -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF -DCHUNKWISE_URING=OFF -DCMAKE_PREFIX_PATH="$prefix/usr" \
   "${nccl[@]}" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; cp "$logs/configure.log" "$out/"; exit 1; }
 targets=$(ninja -C build/device -t targets all | grep -o '^chunkwise_cuda_[a-z0-9_]*_test' | sort -u | tr '\n' ' ')
+# QUICK=1: the trainer's passes only (their test, the runs, PyTorch), for a short device call
+[ -n "${QUICK:-}" ] && targets=chunkwise_cuda_gpt2_device_test
 stamp "build train_gpt2 chunkwise_gpt2_device_test $targets"
 ninja -C build/device -j"$(nproc)" train_gpt2 chunkwise_gpt2_device_test $targets > "$logs/build.log" 2>&1 ||
   { grep -B2 -A12 -m3 'error' "$logs/build.log" | head -80; cp "$logs/build.log" "$out/"; exit 1; }
@@ -78,6 +81,10 @@ run_trainer() {  # name, flags...
   grep -E '^(plan|backend|compute|step +[0-9]+/|timing|done)' "$logs/train_$name.log" | head -40
 }
 run_trainer cuda --backend cuda --steps 12 --device-budget 0
+# where the device time goes (each operation timed to its end, so these steps run slower than the ones above)
+CHUNKWISE_GPT2_KERNEL_TIMES=1 run_trainer cuda_kernel_times --backend cuda --steps 3 --device-budget 0 \
+  --eval-every 1000 > /dev/null
+sed -n '/^step parts/,$p' "$logs/train_cuda_kernel_times.log" | head -40
 run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
 run_trainer host --backend host --steps 4 --device-budget 0
 
@@ -88,7 +95,8 @@ cat "$logs/torch.log" | grep '^torch'
 
 stamp "CUDA tests under compute-sanitizer memcheck (until the deadline)"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-memcheck_tests=${MEMCHECK_TESTS:-chunkwise_cuda_gpt2_device_test $targets}
+memcheck_tests=${MEMCHECK_TESTS-chunkwise_cuda_gpt2_device_test $targets}
+[ -n "${QUICK:-}" ] && memcheck_tests=${MEMCHECK_TESTS-}
 for test in $memcheck_tests; do
   left=$(( deadline - $(date +%s) ))
   if (( left < 20 )); then echo "SKIP $test (memcheck: past the deadline)"; continue; fi

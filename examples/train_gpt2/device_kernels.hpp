@@ -10,8 +10,25 @@
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+#include <algorithm>
+
+#if defined(__GNUG__)
+#include <cxxabi.h>
+#endif
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+#endif
 
 #if defined(__CUDACC__)
 #define GPT2_HOST_DEVICE __host__ __device__
@@ -23,11 +40,78 @@ namespace gpt2::device_kernels {
 
 using index = std::size_t;
 
+/// Wall time per kernel, summed over a run, where CHUNKWISE_GPT2_KERNEL_TIMES is set in the environment (each timed
+/// operation then waits for the device): where a step's device time goes, without a profiler.
+class kernel_times {
+ public:
+  static kernel_times& instance() {
+    static kernel_times times;
+    return times;
+  }
+  [[nodiscard]] bool enabled() const noexcept { return enabled_; }
+  /// Runs `work`; where enabled, waits for the device and adds the time to `name`'s row.
+  template <class Work>
+  void time(const std::string& name, Work&& work) {
+    if (!enabled_) return work();
+    const auto start = std::chrono::steady_clock::now();
+    work();
+#if defined(__CUDACC__)
+    (void)cudaDeviceSynchronize();
+#endif
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard lock(mutex_);
+    auto& row = rows_[name];
+    row.first += seconds;
+    ++row.second;
+  }
+  void reset() {
+    std::lock_guard lock(mutex_);
+    rows_.clear();
+  }
+  /// One line per name, the largest total first.
+  void print(std::FILE* to) {
+    std::lock_guard lock(mutex_);
+    std::vector<std::pair<std::string, std::pair<double, long>>> rows(rows_.begin(), rows_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    double total = 0;
+    for (const auto& row : rows) total += row.second.first;
+    std::fprintf(to, "device time by operation (%.1f ms in all):\n", total * 1e3);
+    for (const auto& [name, row] : rows)
+      std::fprintf(to, "  %9.2f ms %5.1f%% %7ld calls  %s\n", row.first * 1e3, 100 * row.first / total, row.second,
+                   name.c_str());
+  }
+
+ private:
+  bool enabled_ = std::getenv("CHUNKWISE_GPT2_KERNEL_TIMES") != nullptr;
+  std::mutex mutex_;
+  std::map<std::string, std::pair<double, long>> rows_;
+};
+
+/// The functor's name without its namespace, for kernel_times.
+template <class Functor>
+std::string kernel_name() {
+  std::string name = typeid(Functor).name();
+#if defined(__GNUG__)
+  int status = 0;
+  if (char* demangled = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status)) {
+    name = demangled;
+    std::free(demangled);
+  }
+#endif
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
 /// f(i) for every i in [0, n) on the device system; returns when all have run.
 template <class Functor>
 void for_each_index(index n, const Functor& f) {
   if (n == 0) return;
-  thrust::for_each_n(thrust::device, thrust::counting_iterator<index>(0), n, f);
+  const auto run = [&] { thrust::for_each_n(thrust::device, thrust::counting_iterator<index>(0), n, f); };
+  auto& times = kernel_times::instance();
+  if (times.enabled())
+    times.time(kernel_name<Functor>(), run);
+  else
+    run();
 }
 
 inline constexpr float layernorm_eps = 1e-5f;
@@ -160,114 +244,150 @@ struct bias_backward {
   }
 };
 
-// Causal self-attention forward, one (b, t, h) per index (the CPU's loop order: h fastest). qkv is (B, T, 3C);
-// preatt and att are (B, NH, T, T), only t2 <= t written.
-struct attention_forward {
-  float* out;
-  float* preatt;
-  float* att;
-  const float* qkv;
+// Causal self-attention, in stages that each give every output element its own index (the GPU needs hundreds of
+// thousands of threads, not one per (b, t, h) row), each element summed in the CPU loop's order. qkv is (B, T, 3C):
+// query, key, value at channel offsets 0, C, 2C, heads of hs = C / NH channels; preatt, att, dpreatt and datt are
+// (B, NH, T, T) with only t2 <= t used. Index decompositions: row = (b * NH + h) * T + t.
+struct attention_geometry {
   index T, C, NH;
-  GPT2_HOST_DEVICE void operator()(index i) const {
-    const index h = i % NH, t = (i / NH) % T, b = i / (NH * T);
-    const index C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-    const float* query = qkv + (b * T + t) * C3 + h * hs;
-    float* preatt_row = preatt + ((b * NH + h) * T + t) * T;
-    float* att_row = att + ((b * NH + h) * T + t) * T;
-    float maxval = -INFINITY;
-    for (index t2 = 0; t2 <= t; ++t2) {
-      const float* key = qkv + (b * T + t2) * C3 + h * hs + C;
-      float score = 0;
-      for (index k = 0; k < hs; ++k) score += query[k] * key[k];
-      score *= scale;
-      maxval = fmaxf(maxval, score);
-      preatt_row[t2] = score;
-    }
-    float expsum = 0;
-    for (index t2 = 0; t2 <= t; ++t2) {
-      const float e = expf(preatt_row[t2] - maxval);
-      expsum += e;
-      att_row[t2] = e;
-    }
-    for (index t2 = 0; t2 <= t; ++t2) att_row[t2] /= expsum;
-    // each output channel summed over t2 in a register, in the CPU loop's order
-    float* o = out + (b * T + t) * C + h * hs;
-    const float* values = qkv + b * T * C3 + h * hs + 2 * C;
-    for (index k = 0; k < hs; ++k) {
-      float sum = 0;
-      for (index t2 = 0; t2 <= t; ++t2) sum += att_row[t2] * values[t2 * C3 + k];
-      o[k] = sum;
-    }
+  GPT2_HOST_DEVICE index hs() const { return C / NH; }
+  GPT2_HOST_DEVICE float scale() const { return 1.0f / sqrtf(static_cast<float>(hs())); }
+  // qkv element k of head h at position t of sequence b; part 0: query, 1: key, 2: value
+  GPT2_HOST_DEVICE index at(index b, index t, index h, index part) const {
+    return (b * T + t) * 3 * C + part * C + h * hs();
   }
 };
 
-// Attention backward, part 1: one query row (b, h, t) per index. datt and dpreatt of the row, then the query's
-// gradient; each is written by its row alone.
-struct attention_backward_queries {
-  float* dqkv;
-  float* dpreatt;
+// Forward 1: preatt[row, t2] = q(t) . k(t2) * scale, one (row, t2 <= t) per index.
+struct attention_scores {
+  float* preatt;
+  const float* qkv;
+  attention_geometry g;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index t2 = i % g.T, row = i / g.T, t = row % g.T, h = (row / g.T) % g.NH, b = row / (g.T * g.NH);
+    if (t2 > t) return;
+    const float* query = qkv + g.at(b, t, h, 0);
+    const float* key = qkv + g.at(b, t2, h, 1);
+    float score = 0;
+    for (index k = 0; k < g.hs(); ++k) score += query[k] * key[k];
+    preatt[i] = score * g.scale();
+  }
+};
+
+// Forward 2: att = softmax over t2 <= t of preatt, one row per index.
+struct attention_softmax {
+  float* att;
+  const float* preatt;
+  index T;
+  GPT2_HOST_DEVICE void operator()(index row) const {
+    const index t = row % T;
+    const float* p = preatt + row * T;
+    float* a = att + row * T;
+    float maxval = -INFINITY;
+    for (index t2 = 0; t2 <= t; ++t2) maxval = fmaxf(maxval, p[t2]);
+    float expsum = 0;
+    for (index t2 = 0; t2 <= t; ++t2) {
+      const float e = expf(p[t2] - maxval);
+      expsum += e;
+      a[t2] = e;
+    }
+    for (index t2 = 0; t2 <= t; ++t2) a[t2] /= expsum;
+  }
+};
+
+// Forward 3: out[b, t, h, k] = sum over t2 <= t of att[row, t2] * v(t2)[k], one output element per index (b, t, h, k:
+// k fastest, so neighbouring threads read neighbouring values).
+struct attention_values {
+  float* out;
+  const float* att;
+  const float* qkv;
+  attention_geometry g;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const float* a = att + ((b * g.NH + h) * g.T + t) * g.T;
+    const float* value = qkv + g.at(b, 0, h, 2) + k;
+    float sum = 0;
+    for (index t2 = 0; t2 <= t; ++t2) sum += a[t2] * value[t2 * 3 * g.C];
+    out[i] = sum;
+  }
+};
+
+// Backward 1: datt[row, t2] += v(t2) . dout(t), one (row, t2 <= t) per index.
+struct attention_backward_weights {
   float* datt;
   const float* dout;
   const float* qkv;
-  const float* att;
-  index T, C, NH;
+  attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index t = i % T, h = (i / T) % NH, b = i / (T * NH);
-    const index C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-    const index row = (b * NH + h) * T + t;
-    const float* att_row = att + row * T;
-    float* datt_row = datt + row * T;
-    float* dpreatt_row = dpreatt + row * T;
-    const float* d = dout + (b * T + t) * C + h * hs;
-    float* dquery = dqkv + (b * T + t) * C3 + h * hs;
-    for (index t2 = 0; t2 <= t; ++t2) {
-      const float* value = qkv + (b * T + t2) * C3 + h * hs + 2 * C;
-      float sum = datt_row[t2];
-      for (index k = 0; k < hs; ++k) sum += value[k] * d[k];
-      datt_row[t2] = sum;
-    }
-    float weighted = 0;
-    for (index t2 = 0; t2 <= t; ++t2) weighted += att_row[t2] * datt_row[t2];
-    for (index t2 = 0; t2 <= t; ++t2) dpreatt_row[t2] += att_row[t2] * (datt_row[t2] - weighted);
-    const float* keys = qkv + b * T * C3 + h * hs + C;
-    for (index k = 0; k < hs; ++k) {
-      float sum = dquery[k];
-      for (index t2 = 0; t2 <= t; ++t2) sum += keys[t2 * C3 + k] * (dpreatt_row[t2] * scale);
-      dquery[k] = sum;
-    }
+    const index t2 = i % g.T, row = i / g.T, t = row % g.T, h = (row / g.T) % g.NH, b = row / (g.T * g.NH);
+    if (t2 > t) return;
+    const float* value = qkv + g.at(b, t2, h, 2);
+    const float* d = dout + (b * g.T + t) * g.C + h * g.hs();
+    float sum = datt[i];
+    for (index k = 0; k < g.hs(); ++k) sum += value[k] * d[k];
+    datt[i] = sum;
   }
 };
 
-// Attention backward, part 2 (after part 1): one key/value position (b, h, t2) per index, summing over the queries
-// t >= t2 that attended to it, in ascending t as the CPU loop adds them.
+// Backward 2: the softmax's backward, one row per index: dpreatt += att * (datt - sum over t2 of att * datt).
+struct attention_backward_softmax {
+  float* dpreatt;
+  const float* datt;
+  const float* att;
+  index T;
+  GPT2_HOST_DEVICE void operator()(index row) const {
+    const index t = row % T;
+    const float* a = att + row * T;
+    const float* da = datt + row * T;
+    float* dp = dpreatt + row * T;
+    float weighted = 0;
+    for (index t2 = 0; t2 <= t; ++t2) weighted += a[t2] * da[t2];
+    for (index t2 = 0; t2 <= t; ++t2) dp[t2] += a[t2] * (da[t2] - weighted);
+  }
+};
+
+// Backward 3: the query's gradient, dq(t)[k] += sum over t2 <= t of k(t2)[k] * dpreatt[row, t2] * scale; one
+// element (b, t, h, k) per index.
+struct attention_backward_queries {
+  float* dqkv;
+  const float* dpreatt;
+  const float* qkv;
+  attention_geometry g;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const float* dp = dpreatt + ((b * g.NH + h) * g.T + t) * g.T;
+    const float* key = qkv + g.at(b, 0, h, 1) + k;
+    float* dquery = dqkv + g.at(b, t, h, 0) + k;
+    float sum = *dquery;
+    for (index t2 = 0; t2 <= t; ++t2) sum += key[t2 * 3 * g.C] * (dp[t2] * g.scale());
+    *dquery = sum;
+  }
+};
+
+// Backward 4: the key's and value's gradients at position t2, summed over the queries t >= t2 that attended to it
+// in ascending t, as the CPU loop adds them; one element (b, t2, h, k) per index.
 struct attention_backward_keys_values {
   float* dqkv;
   const float* dpreatt;
+  const float* att;
   const float* dout;
   const float* qkv;
-  const float* att;
-  index T, C, NH;
+  attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index t2 = i % T, h = (i / T) % NH, b = i / (T * NH);
-    const index C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-    float* dkey = dqkv + (b * T + t2) * C3 + h * hs + C;
-    float* dvalue = dqkv + (b * T + t2) * C3 + h * hs + 2 * C;
-    const float* att_column = att + (b * NH + h) * T * T + t2;  // att[b, h, t, t2] at t * T
-    const float* dpreatt_column = dpreatt + (b * NH + h) * T * T + t2;
-    const float* douts = dout + b * T * C + h * hs;
-    const float* queries = qkv + b * T * C3 + h * hs;
-    for (index k = 0; k < hs; ++k) {
-      float dv = dvalue[k], dk = dkey[k];
-      for (index t = t2; t < T; ++t) {
-        dv += att_column[t * T] * douts[t * C + k];
-        dk += queries[t * C3 + k] * (dpreatt_column[t * T] * scale);
-      }
-      dvalue[k] = dv;
-      dkey[k] = dk;
+    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t2 = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const index rows = (b * g.NH + h) * g.T;  // row of (b, h, t = 0)
+    const float* query = qkv + g.at(b, 0, h, 0) + k;
+    const float* d = dout + b * g.T * g.C + h * hs + k;
+    float* dkey = dqkv + g.at(b, t2, h, 1) + k;
+    float* dvalue = dqkv + g.at(b, t2, h, 2) + k;
+    float dk = *dkey, dv = *dvalue;
+    for (index t = t2; t < g.T; ++t) {
+      const index at = (rows + t) * g.T + t2;
+      dv += att[at] * d[t * g.C];
+      dk += query[t * 3 * g.C] * (dpreatt[at] * g.scale());
     }
+    *dkey = dk;
+    *dvalue = dv;
   }
 };
 

@@ -52,6 +52,10 @@ class device_workspace {
   std::unique_ptr<state> state_;
 };
 
+/// Where CHUNKWISE_GPT2_KERNEL_TIMES is set: forget the times so far; print each operation's total (else nothing).
+void reset_kernel_times();
+void print_kernel_times();
+
 void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts);
 void layer_forward(std::size_t layer, const layer_params<float>& p, device_workspace& acts);
 float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float* wte, const int* targets,

@@ -57,21 +57,25 @@ class matmul_context {
   // out (rows, OC) = inp (rows, C) . weight (OC, C)^T + bias. Column-major: out^T = weight^T-as-stored . inp^T.
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     const float one = 1.0f, zero = 0.0f;
-    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(OC), to_int(rows), to_int(C), &one,
-                                     weight, to_int(C), inp, to_int(C), &zero, out, to_int(OC)),
-                         "GPT-2 matmul forward");
+    device_kernels::kernel_times::instance().time("cuBLAS sgemm forward", [&] {
+      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(OC), to_int(rows), to_int(C), &one,
+                                       weight, to_int(C), inp, to_int(C), &zero, out, to_int(OC)),
+                           "GPT-2 matmul forward");
+    });
     if (bias != nullptr) for_each_index(rows * OC, device_kernels::add_bias{out, bias, OC});
   }
   // dinp (rows, C) += dout . weight; dweight (OC, C) += dout^T . inp; dbias (OC) += the column sums of dout.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                 index rows, index C, index OC) {
     const float one = 1.0f;
-    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, to_int(C), to_int(rows), to_int(OC), &one,
-                                     weight, to_int(C), dout, to_int(OC), &one, dinp, to_int(C)),
-                         "GPT-2 matmul backward (input)");
-    CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, to_int(C), to_int(OC), to_int(rows), &one,
-                                     inp, to_int(C), dout, to_int(OC), &one, dweight, to_int(C)),
-                         "GPT-2 matmul backward (weight)");
+    device_kernels::kernel_times::instance().time("cuBLAS sgemm backward", [&] {
+      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, to_int(C), to_int(rows), to_int(OC), &one,
+                                       weight, to_int(C), dout, to_int(OC), &one, dinp, to_int(C)),
+                           "GPT-2 matmul backward (input)");
+      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, to_int(C), to_int(OC), to_int(rows), &one,
+                                       inp, to_int(C), dout, to_int(OC), &one, dweight, to_int(C)),
+                           "GPT-2 matmul backward (weight)");
+    });
     if (dbias != nullptr) for_each_index(OC, device_kernels::bias_backward{dbias, dout, rows, OC});
   }
   void synchronize() { CHUNKWISE_CUDA_TRY(cudaDeviceSynchronize(), "GPT-2 device passes"); }
@@ -134,8 +138,10 @@ class host_staging {
 
 inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
-inline void zero(buffer& b) { thrust::fill(b.begin(), b.end(), 0.0f); }
-inline void zero(float* p, index n) { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); }
+inline void zero(float* p, index n) {
+  device_kernels::kernel_times::instance().time("zero", [&] { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); });
+}
+inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size()); }
 
 }  // namespace device_detail
 
@@ -234,9 +240,12 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
   for (std::size_t done = 0; done < elements; done += s.pinned->size()) {  // wte may exceed the staging
     const std::size_t n = std::min(s.pinned->size(), elements - done);
     const float* from = host + done;
+    device_kernels::kernel_times::instance().time("parameters host -> pinned", [&] {
 #pragma omp parallel for
-    for (std::size_t i = 0; i < n; ++i) pinned[i] = from[i];
-    thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done));
+      for (std::size_t i = 0; i < n; ++i) pinned[i] = from[i];
+    });
+    device_kernels::kernel_times::instance().time("parameters pinned -> device",
+                                                  [&] { thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done)); });
   }
   s.mirror_versions[tensor] = version;
   return copy;
@@ -252,12 +261,22 @@ float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t element
 void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
   device_detail::check_staging(offset, elements, state_->staging);
   float* pinned = state_->pinned->data();
-  thrust::copy_n(state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset), elements, pinned);
+  auto& times = device_kernels::kernel_times::instance();
+  times.time("gradients device -> pinned", [&] {
+    thrust::copy_n(state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset), elements, pinned);
+  });
+  times.time("gradients pinned + host -> host", [&] {
 #pragma omp parallel for
-  for (std::size_t i = 0; i < elements; ++i) host[i] += pinned[i];
+    for (std::size_t i = 0; i < elements; ++i) host[i] += pinned[i];
+  });
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }
+
+void reset_kernel_times() { device_kernels::kernel_times::instance().reset(); }
+void print_kernel_times() {
+  if (device_kernels::kernel_times::instance().enabled()) device_kernels::kernel_times::instance().print(stdout);
+}
 
 // ----------------------------------------------------------------------------------------------------------------
 // The passes (gpt2_model.hpp's, on device memory)
@@ -295,7 +314,10 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   for_each_index(BT, device_kernels::layernorm_forward{ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight],
                                                        p[ln_1_bias], C});
   s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
-  for_each_index(B * T * NH, device_kernels::attention_forward{atty, preatt, att, qkv, T, C, NH});
+  const device_kernels::attention_geometry geometry{T, C, NH};
+  for_each_index(B * NH * T * T, device_kernels::attention_scores{preatt, qkv, geometry});
+  for_each_index(B * NH * T, device_kernels::attention_softmax{att, preatt, T});
+  for_each_index(BTC, device_kernels::attention_values{atty, att, qkv, geometry});
   s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
   for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
   for_each_index(BT, device_kernels::layernorm_forward{ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight],
@@ -387,10 +409,12 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   for_each_index(BTC, device_kernels::residual_backward{dresidual, raw(s.dattproj), raw(s.dresidual2)});
   s.matmul.backward(raw(s.datty), g[attn_c_proj_weight], g[attn_c_proj_bias], raw(s.dattproj), atty,
                     p[attn_c_proj_weight], BT, C, C);
-  for_each_index(B * NH * T, device_kernels::attention_backward_queries{raw(s.dqkv), raw(s.dpreatt), raw(s.datt),
-                                                                        raw(s.datty), qkv, att, T, C, NH});
-  for_each_index(B * NH * T, device_kernels::attention_backward_keys_values{raw(s.dqkv), raw(s.dpreatt),
-                                                                            raw(s.datty), qkv, att, T, C, NH});
+  const device_kernels::attention_geometry geometry{T, C, NH};
+  for_each_index(B * NH * T * T, device_kernels::attention_backward_weights{raw(s.datt), raw(s.datty), qkv, geometry});
+  for_each_index(B * NH * T, device_kernels::attention_backward_softmax{raw(s.dpreatt), raw(s.datt), att, T});
+  for_each_index(BTC, device_kernels::attention_backward_queries{raw(s.dqkv), raw(s.dpreatt), qkv, geometry});
+  for_each_index(BTC, device_kernels::attention_backward_keys_values{raw(s.dqkv), raw(s.dpreatt), att, raw(s.datty),
+                                                                     qkv, geometry});
   s.matmul.backward(raw(s.dln1), g[attn_c_attn_weight], g[attn_c_attn_bias], raw(s.dqkv), ln1, p[attn_c_attn_weight],
                     BT, C, 3 * C);
   for_each_index(BT, device_kernels::layernorm_backward_input{dresidual, raw(s.dln1), residual, p[ln_1_weight],

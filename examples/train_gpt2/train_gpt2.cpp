@@ -493,6 +493,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
   if (o.backend == "cuda") {
     workspace = std::make_unique<gpt2::device_workspace>(config);
     on_device.emplace(chunks, *workspace, config);
+    gpt2::reset_kernel_times();  // the calibration's are not the run's
     if (r == 0) std::printf("backend: the passes on %s\n", workspace->device_name());
   }
 #endif
@@ -515,13 +516,20 @@ void train_rank(const rank_setup& setup, Comm& comm) {
 #endif
     return schedule(passes);
   };
+  std::array<double, 3> step_parts{};  // seconds in zero_grad, forward and backward, step
   for (std::size_t step = first_step; step <= o.steps; ++step) {
     train_data.next_batch();
     batch = &train_data;
     const auto step_start = std::chrono::steady_clock::now();
-    rt.zero_grad();
-    const float loss = mean_loss(run(true));
-    rt.step();
+    const auto timed = [&](int part, auto&& work) {  // CHUNKWISE_GPT2_KERNEL_TIMES: where the step goes
+      const auto t0 = std::chrono::steady_clock::now();
+      auto result = work();
+      step_parts[static_cast<std::size_t>(part)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return result;
+    };
+    timed(0, [&] { return (rt.zero_grad(), 0); });
+    const float loss = timed(1, [&] { return mean_loss(run(true)); });
+    timed(2, [&] { return (rt.step(), 0); });
     if (r == 0) {
       step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -573,6 +581,13 @@ void train_rank(const rank_setup& setup, Comm& comm) {
     add(moved.reduced, "of gradients reduced");
     add(moved.published, "of updates published");
     std::printf("moved (rank 0, %zu steps): %s\n", step_seconds.size(), text.empty() ? "nothing" : text.c_str());
+  }
+  if (r == 0 && std::getenv("CHUNKWISE_GPT2_KERNEL_TIMES") != nullptr) {
+    std::printf("step parts over %zu steps: zero_grad %.1f ms, forward and backward %.1f ms, step %.1f ms\n",
+                step_seconds.size(), step_parts[0] * 1e3, step_parts[1] * 1e3, step_parts[2] * 1e3);
+#if CHUNKWISE_GPT2_CUDA
+    gpt2::print_kernel_times();
+#endif
   }
   if (r == 0 && step_seconds.size() > 1) {
     // The steady state: the first step (cold caches, first allocations) is left out.
