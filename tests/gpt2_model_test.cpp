@@ -622,7 +622,7 @@ TEST_CASE("llm.c token shards: read back, served by the data loader, tokens past
 #if CHUNKWISE_GPT2_BLAS
 TEST_CASE("the OpenBLAS engine computes the loops' products and trains as they do, to rounding") {
   // Shapes of the model's products, bias and none; backward accumulates into what is there.
-  for (const auto [rows, C, OC, with_bias] : {std::tuple{64, 32, 96, true}, std::tuple{64, 128, 32, true},
+  for (const auto& [rows, C, OC, with_bias] : {std::tuple{64, 32, 96, true}, std::tuple{64, 128, 32, true},
                                               std::tuple{17, 32, 256, false}}) {
     CAPTURE(rows);
     CAPTURE(OC);

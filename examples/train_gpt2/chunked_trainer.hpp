@@ -12,9 +12,9 @@
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
 #include "schedule.hpp"
+#include "timing.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -92,21 +92,12 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
           };
         }
       });
-      const auto forward_backward = [&] {
+      seconds[static_cast<std::size_t>(r)] = median_seconds(iterations, [&] {
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());
         trainer.backward(tokens.data(), targets.data());
         convert();
-      };
-      forward_backward();
-      std::vector<double> times;
-      for (int i = 0; i < iterations; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        forward_backward();
-        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-      seconds[static_cast<std::size_t>(r)] = times[times.size() / 2];
+      });
     });
   for (auto& t : threads) t.join();
   return static_cast<double>(model.total_flops()) / *std::max_element(seconds.begin(), seconds.end());

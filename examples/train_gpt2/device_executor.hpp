@@ -10,9 +10,9 @@
 #include "device_model.hpp"
 #include "reference_trainer.hpp"
 #include "schedule.hpp"
+#include "timing.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -113,21 +113,13 @@ inline double measure_device_pass_flops(model_config config, int iterations = 5)
     tokens[i] = static_cast<int>((i * 7) % config.vocab);
     targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
   }
-  const auto forward_backward = [&] {
+  const double seconds = median_seconds(iterations, [&] {
     trainer.zero_gradients();
     forward(run, config, tokens.data(), targets.data());
     backward(run, config, tokens.data(), targets.data());
     workspace.synchronize();
-  };
-  forward_backward();
-  std::vector<double> times;
-  for (int i = 0; i < iterations; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    forward_backward();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-  return static_cast<double>(trace_profile(config).total_flops()) / times[times.size() / 2];
+  });
+  return static_cast<double>(trace_profile(config).total_flops()) / seconds;
 }
 
 }  // namespace gpt2

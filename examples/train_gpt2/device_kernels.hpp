@@ -256,6 +256,21 @@ struct attention_geometry {
   GPT2_HOST_DEVICE index at(index b, index t, index h, index part) const {
     return (b * T + t) * 3 * C + part * C + h * hs();
   }
+  // index i over (B, T, NH, hs), k fastest: one channel of one head's output at (b, t)
+  struct channel {
+    index b, t, h, k;
+  };
+  GPT2_HOST_DEVICE channel channel_of(index i) const {
+    return {i / (C * T), (i / C) % T, (i / hs()) % NH, i % hs()};
+  }
+  // index i over (B, NH, T, T), t2 fastest: one score of the row (b, h, t), row = (b * NH + h) * T + t
+  struct score {
+    index b, h, t, t2, row;
+  };
+  GPT2_HOST_DEVICE score score_of(index i) const {
+    const index row = i / T;
+    return {row / (T * NH), (row / T) % NH, row % T, i % T, row};
+  }
 };
 
 // Forward 1: preatt[row, t2] = q(t) . k(t2) * scale, one (row, t2 <= t) per index.
@@ -264,7 +279,7 @@ struct attention_scores {
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index t2 = i % g.T, row = i / g.T, t = row % g.T, h = (row / g.T) % g.NH, b = row / (g.T * g.NH);
+    const auto [b, h, t, t2, row] = g.score_of(i);
     if (t2 > t) return;
     const float* query = qkv + g.at(b, t, h, 0);
     const float* key = qkv + g.at(b, t2, h, 1);
@@ -303,7 +318,7 @@ struct attention_values {
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const auto [b, t, h, k] = g.channel_of(i);
     const float* a = att + ((b * g.NH + h) * g.T + t) * g.T;
     const float* value = qkv + g.at(b, 0, h, 2) + k;
     float sum = 0;
@@ -319,7 +334,7 @@ struct attention_backward_weights {
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index t2 = i % g.T, row = i / g.T, t = row % g.T, h = (row / g.T) % g.NH, b = row / (g.T * g.NH);
+    const auto [b, h, t, t2, row] = g.score_of(i);
     if (t2 > t) return;
     const float* value = qkv + g.at(b, t2, h, 2);
     const float* d = dout + (b * g.T + t) * g.C + h * g.hs();
@@ -354,7 +369,7 @@ struct attention_backward_queries {
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const auto [b, t, h, k] = g.channel_of(i);
     const float* dp = dpreatt + ((b * g.NH + h) * g.T + t) * g.T;
     const float* key = qkv + g.at(b, 0, h, 1) + k;
     float* dquery = dqkv + g.at(b, t, h, 0) + k;
@@ -374,10 +389,10 @@ struct attention_backward_keys_values {
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const index hs = g.hs(), k = i % hs, h = (i / hs) % g.NH, t2 = (i / g.C) % g.T, b = i / (g.C * g.T);
+    const auto [b, t2, h, k] = g.channel_of(i);
     const index rows = (b * g.NH + h) * g.T;  // row of (b, h, t = 0)
     const float* query = qkv + g.at(b, 0, h, 0) + k;
-    const float* d = dout + b * g.T * g.C + h * hs + k;
+    const float* d = dout + b * g.T * g.C + h * g.hs() + k;
     float* dkey = dqkv + g.at(b, t2, h, 1) + k;
     float* dvalue = dqkv + g.at(b, t2, h, 2) + k;
     float dk = *dkey, dv = *dvalue;

@@ -32,16 +32,22 @@ using device_kernels::for_each_index;
 using device_kernels::index;
 
 #if defined(__CUDACC__)
-/// The GPU's matrix products: llm.c's cuBLAS calls on the default stream (the one Thrust's algorithms use).
-class matmul_context {
- public:
-  matmul_context() {
+/// Constructed first: a machine without a usable GPU gets this message, not an allocation's failure.
+struct device_present {
+  device_present() {
     int devices = 0;
     const cudaError_t status = cudaGetDeviceCount(&devices);
     if (status != cudaSuccess || devices == 0)
       chunkwise::throw_error(chunkwise::error_code::unsupported,
                              std::string("train_gpt2 --backend cuda: no usable GPU (") + cudaGetErrorName(status) +
                                  "); use --backend host, or run where a GPU is visible");
+  }
+};
+
+/// The GPU's matrix products: llm.c's cuBLAS calls on the default stream (the one Thrust's algorithms use).
+class matmul_context {
+ public:
+  matmul_context() {
     cudaDeviceProp properties{};
     CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, 0), "GPT-2 device passes");
     name_ = std::string("CUDA (") + properties.name + ")";
@@ -86,6 +92,8 @@ class matmul_context {
   std::string name_;
 };
 #else
+struct device_present {};  // the host system is always there
+
 /// The host's matrix products: gpt2_model.hpp's loops (B = 1, T = rows), so the test compares the other maths.
 class matmul_context {
  public:
@@ -145,48 +153,27 @@ inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size())
 
 }  // namespace device_detail
 
-// activations<float>'s buffers, in device memory, with the same sizes and slots (recompute: one slot).
-struct device_workspace::state {
-  explicit state(const model_config& config)
-      : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
-        Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
-    validate(config);
-    const std::size_t BT = B * T, BTC = B * T * C, S = slots;
-    auto sized = [](std::size_t n) { return device_detail::buffer(n, 0.0f); };
-    encoded = sized(BTC);
-    ln1 = sized(S * BTC), ln1_mean = sized(S * BT), ln1_rstd = sized(S * BT);
-    qkv = sized(S * BTC * 3), atty = sized(S * BTC);
-    preatt = sized(S * B * NH * T * T), att = sized(S * B * NH * T * T);
-    attproj = sized(S * BTC), residual2 = sized(S * BTC);
-    ln2 = sized(S * BTC), ln2_mean = sized(S * BT), ln2_rstd = sized(S * BT);
-    fch = sized(S * BTC * 4), fch_gelu = sized(S * BTC * 4), fcproj = sized(S * BTC), residual3 = sized(L * BTC);
-    lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
-    logits = sized(BT * Vp), probs = sized(BT * Vp), losses = sized(BT);
-    dresidual = sized((L + 1) * BTC);
-    dln1 = sized(BTC), dqkv = sized(BTC * 3), datty = sized(BTC);
-    dpreatt = sized(B * NH * T * T), datt = sized(B * NH * T * T);
-    dattproj = sized(BTC), dresidual2 = sized(BTC), dln2 = sized(BTC);
-    dfch = sized(BTC * 4), dfch_gelu = sized(BTC * 4), dfcproj = sized(BTC);
-    dlnf = sized(BTC), dlogits = sized(BT * Vp);
-    tokens = thrust::device_vector<int>(BT, 0);
-    targets = thrust::device_vector<int>(BT, 0);
+// activations<float>'s buffers in device memory (the same sizes and slots: recompute keeps one), and the rest.
+struct device_workspace::state : device_detail::device_present, activations<float, device_detail::buffer> {
+  explicit state(const model_config& config) : activations(config) {
+    tokens = thrust::device_vector<int>(B * T, 0);
+    targets = thrust::device_vector<int>(B * T, 0);
     // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
     const auto sizes = layer_tensor_sizes(config);
     std::size_t layer = 0;
     for (const auto n : sizes) layer += n;
     staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
-    staged_gradients = sized(staging);
+    staged_gradients = device_detail::buffer(staging, 0.0f);
     std::size_t total = 0;
     for (const auto& tensor : parameter_tensors(config)) {
       mirror_offsets.push_back(total);
       total += tensor.elements;
     }
-    mirror = sized(total);
+    mirror = device_detail::buffer(total, 0.0f);
     mirror_versions.assign(mirror_offsets.size(), never);
     pinned = std::make_unique<device_detail::host_staging>(staging);
   }
 
-  std::size_t slot(std::size_t l) const noexcept { return slots == L ? l : 0; }
   // tokens or targets (host, checked) into their device array
   const int* upload(thrust::device_vector<int>& to, const int* host, const char* what) {
     kernels::check_tokens(host, B * T, V, what);
@@ -194,13 +181,9 @@ struct device_workspace::state {
     return thrust::raw_pointer_cast(to.data());
   }
 
-  std::size_t B, T, C, NH, L, V, Vp, slots, staging = 0;
-  device_detail::buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean,
-      ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits, probs, losses;
-  device_detail::buffer dresidual, dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu,
-      dfcproj, dlnf, dlogits;
+  std::size_t staging = 0;
   thrust::device_vector<int> tokens, targets;
-  device_detail::matmul_context matmul;  // a CUDA build without a GPU fails here, before the body allocates
+  device_detail::matmul_context matmul;
   device_detail::buffer staged_gradients;
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets
   std::vector<std::size_t> mirror_offsets;

@@ -182,15 +182,17 @@ struct layer_grads {
 
 // ----------------------------------------------------------------------------------------------------------------
 // Activations: what forward keeps for backward (llm.c's ActivationTensors), and backward's scratch gradients.
+// Buffer: where they live; the CPU passes use std::vector, the device passes (device_model_impl.hpp) Thrust's
+// device_vector, with these very sizes.
 
-template <class Real>
+template <class Real, class Buffer = std::vector<Real>>
 struct activations {
   explicit activations(const model_config& config)
       : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
         Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
     validate(config);
     const std::size_t BT = B * T, BTC = B * T * C, S = slots;
-    auto sized = [](std::size_t n) { return std::vector<Real>(n, Real(0)); };
+    auto sized = [](std::size_t n) { return Buffer(n, Real(0)); };
     encoded = sized(BTC);
     ln1 = sized(S * BTC), ln1_mean = sized(S * BT), ln1_rstd = sized(S * BT);
     qkv = sized(S * BTC * 3), atty = sized(S * BTC);
@@ -230,26 +232,26 @@ struct activations {
 
   // Forward. Per-layer buffers hold `slots` layers (slot(l) times the slice size); residual3 holds all L outputs, the
   // checkpoints recompute starts from.
-  std::vector<Real> encoded;                  // (B, T, C)       token + position embedding: the input of layer 0
-  std::vector<Real> ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
-  std::vector<Real> qkv;                      // (L, B, T, 3C)   queries, keys, values
-  std::vector<Real> atty;                     // (L, B, T, C)    attention output, before the projection
-  std::vector<Real> preatt, att;              // (L, B, NH, T, T) scores before and after the causal softmax
-  std::vector<Real> attproj;                  // (L, B, T, C)
-  std::vector<Real> residual2;                // (L, B, T, C)    residual stream after attention
-  std::vector<Real> ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
-  std::vector<Real> fch, fch_gelu;            // (L, B, T, 4C)   MLP hidden layer before and after GELU
-  std::vector<Real> fcproj;                   // (L, B, T, C)
-  std::vector<Real> residual3;                // (L, B, T, C)    output of layer l, the input of layer l + 1
-  std::vector<Real> lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T), (B, T)
-  std::vector<Real> logits, probs;            // (B, T, Vp), the padded columns' probabilities 0
-  std::vector<Real> losses;                   // (B, T)          cross-entropy of each position
+  Buffer encoded;                  // (B, T, C)       token + position embedding: the input of layer 0
+  Buffer ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
+  Buffer qkv;                      // (L, B, T, 3C)   queries, keys, values
+  Buffer atty;                     // (L, B, T, C)    attention output, before the projection
+  Buffer preatt, att;              // (L, B, NH, T, T) scores before and after the causal softmax
+  Buffer attproj;                  // (L, B, T, C)
+  Buffer residual2;                // (L, B, T, C)    residual stream after attention
+  Buffer ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
+  Buffer fch, fch_gelu;            // (L, B, T, 4C)   MLP hidden layer before and after GELU
+  Buffer fcproj;                   // (L, B, T, C)
+  Buffer residual3;                // (L, B, T, C)    output of layer l, the input of layer l + 1
+  Buffer lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T), (B, T)
+  Buffer logits, probs;            // (B, T, Vp), the padded columns' probabilities 0
+  Buffer losses;                   // (B, T)          cross-entropy of each position
 
   // Backward: gradients of the mean loss with respect to activations.
-  std::vector<Real> dresidual;  // (L + 1, B, T, C): slice l = d(input of layer l), slice L = d(output of layer L-1)
+  Buffer dresidual;  // (L + 1, B, T, C): slice l = d(input of layer l), slice L = d(output of layer L-1)
   // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
-  std::vector<Real> dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
-  std::vector<Real> dlnf, dlogits;  // the head's
+  Buffer dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
+  Buffer dlnf, dlogits;  // the head's
 };
 
 // ----------------------------------------------------------------------------------------------------------------
