@@ -24,6 +24,9 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(measured.nvme_capacity > 0);
   CHECK(measured.all_gather.count == 3);
   CHECK(measured.all_reduce.points[2].message_bytes == 64 * MiB);
+  // the fixed cost of a call, measured: a thread handshake costs more than a microsecond and far less than 10 ms
+  CHECK(measured.collective_latency_seconds > 1e-6);
+  CHECK(measured.collective_latency_seconds < 1e-2);
   CHECK(measured.host_optimizer_params_per_second > 1e6);
   CHECK(measured.device_flops_per_second > 1e8);
   // One progress line per measurement, and the total.
@@ -39,6 +42,7 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(cached.devices == 1);
   CHECK(cached.device_memory == measured.device_memory * 2);  // the same machine, split over one rank
   CHECK(cached.all_gather.at(8 * MiB) == measured.all_gather.at(8 * MiB));
+  CHECK(cached.collective_latency_seconds == measured.collective_latency_seconds);
   CHECK(cached.fingerprint == measured.fingerprint);
   std::filesystem::remove_all(dir);
 }

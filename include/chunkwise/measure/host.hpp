@@ -5,7 +5,8 @@
 //   capacities      MemAvailable (/proc/meminfo), free space of the NVMe store's file system (statvfs)
 //   host<->device   memcpy bandwidth of chunk-sized buffers: what the host backend's copy worker does
 //   NVMe            sequential write then read of a store through the NVMe tier (io_uring or the thread pool)
-//   collectives     thread_comm all-gather, reduce-scatter, all-reduce bus bandwidth at 1 to 64 MiB, 2 ranks
+//   collectives     thread_comm all-gather, reduce-scatter, all-reduce bus bandwidth at 1 to 64 MiB, 2 ranks, and
+//                   the fixed cost of one call (one-float all-reduces from long-lived rank threads)
 //   optimizer       the SIMD CPU AdamW over 16 M fp32 parameters, every core
 //   compute         a cache-blocked fp32 GEMM (512^3), every core
 #include <chunkwise/core/abi.hpp>
@@ -23,6 +24,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -85,6 +88,32 @@ inline void measure_nvme(const measure_options& options, machine_profile& m) {
     options.progress("NVMe (" + store.describe() + "): read " + format_rate(m.nvme_read_bytes_per_second) +
                      ", write " + format_rate(m.nvme_write_bytes_per_second));
   }
+}
+
+/// The fixed cost of one collective call between `world`'s two ranks: both all-reduce one float `calls` times, from
+/// long-lived threads as the runtime's ranks call (no thread start inside the timing); the fastest of 3 rounds, each
+/// the slower rank's time per call. What the cost model charges every chunk's collective besides its bytes.
+inline double measure_collective_latency(thread_world& world, int calls = 200) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int round = 0; round < 3; ++round) {
+    double seconds[2] = {0, 0};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        auto comm = world.comm(r);
+        float in = 1.0f, out = 0.0f;
+        const auto all_reduce = [&] {
+          comm.all_reduce(std::span<const float>(&in, 1), std::span<float>(&out, 1), reduce_op::sum).wait();
+        };
+        all_reduce();  // both ranks are running before the clock starts
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) all_reduce();
+        seconds[r] = seconds_since(start) / calls;
+      });
+    for (auto& t : ranks) t.join();
+    best = std::min(best, std::max(seconds[0], seconds[1]));
+  }
+  return best;
 }
 
 /// The SIMD CPU AdamW over 16 M fp32 parameters on `threads` threads, in parameters per second.
@@ -169,10 +198,11 @@ inline machine_profile measure<host_backend>(const measure_options& options) {
       m.reduce_scatter.add(bytes, total / rs * 0.5);
       m.all_reduce.add(bytes, static_cast<double>(bytes) / ar);
     }
-    m.collective_latency_seconds = 20e-6;
+    m.collective_latency_seconds = detail::measure_collective_latency(world);
     options.progress("collectives (2 thread ranks, 64 MiB): all-gather " + detail::format_rate(m.all_gather.at(64 * MiB)) +
                      ", reduce-scatter " + detail::format_rate(m.reduce_scatter.at(64 * MiB)) + ", all-reduce " +
-                     detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth");
+                     detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth, " +
+                     std::to_string(static_cast<int>(m.collective_latency_seconds * 1e6 + 0.5)) + " us per call");
   }
 
   m.host_optimizer_params_per_second = detail::measure_cpu_adam(options, threads);
