@@ -17,10 +17,10 @@ using gpt2::trainer_tensors;
 
 inline gpt2::model_config small_config() {
   gpt2::model_config config;
-  config.vocab = 200;
-  config.padded_vocab = 256;  // llm.c's padding: the padded rows get no gradient
+  config.vocab = 600;          // three softmax segments, the last one partial
+  config.padded_vocab = 640;  // llm.c's padding: the padded rows get no gradient
   config.context = 24;
-  config.channels = 48;
+  config.channels = 144;       // three layer-norm segments, the last one partial
   config.heads = 4;
   config.layers = 2;
   config.batch = 3;
@@ -110,5 +110,5 @@ TEST_CASE("a token outside the vocabulary is refused before it reaches the devic
   gpt2_device_cases::batch_of(config, 0, tokens, targets);
   tokens[5] = static_cast<int>(config.vocab);  // a padded row: a row of wte, but no token
   CHECK_THROWS_WITH(gpt2::forward(run, config, tokens.data(), targets.data()),
-                    doctest::Contains("tokens[5] = 200 is not a token of the vocabulary [0, 200)"));
+                    doctest::Contains("tokens[5] = 600 is not a token of the vocabulary [0, 600)"));
 }

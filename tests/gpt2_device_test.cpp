@@ -22,7 +22,7 @@ using namespace chunkwise;
 /// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the
 /// device passes (device_executor).
 template <class Plan>
-std::vector<std::vector<float>> train(bool on_device, byte_count device_budget) {
+std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, byte_count* streamed = nullptr) {
   auto config = gpt2_device_cases::small_config();
   const auto model = gpt2::trace_profile(config);
   thread_world world(1);
@@ -53,6 +53,7 @@ std::vector<std::vector<float>> train(bool on_device, byte_count device_budget) 
   }
   std::vector<std::vector<float>> parameters;
   for (std::uint32_t t = 0; t < model.tensors.size(); ++t) parameters.push_back(rt.read_parameters(t));
+  if (streamed != nullptr) *streamed = rt.traffic().fetched;
   return parameters;
 }
 
@@ -64,8 +65,10 @@ using streamed_plan = plan<gpt2::plans::chunks, cached<space::pinned_host>, shar
 TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU executor's parameters", Plan, resident_plan,
                    streamed_plan) {
   // streamed: a device budget of a few chunks, so the cache fetches and evicts inside the step
-  const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 3 * MiB : 1 * GiB;
-  const auto cpu = train<Plan>(false, budget), device = train<Plan>(true, budget);
+  const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
+  byte_count streamed = 0;
+  const auto cpu = train<Plan>(false, budget), device = train<Plan>(true, budget, &streamed);
+  CHECK((streamed > 0) == std::is_same_v<Plan, streamed_plan>);  // the cache moved chunks while the GPU passes ran
   REQUIRE(cpu.size() == device.size());
   double worst = 0;
   for (std::size_t t = 0; t < cpu.size(); ++t)

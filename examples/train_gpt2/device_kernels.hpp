@@ -6,6 +6,8 @@
 // and every sum runs in the CPU loops' order: the two differ only by the device's rounding of exp, tanh and fused
 // multiply-adds. The matrix products are not here: cuBLAS on the GPU, the CPU loops on the host
 // (device_model_impl.hpp).
+#include "gpt2_model.hpp"  // kernels::softmax_segment
+
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -147,32 +149,113 @@ struct encoder_backward {
   }
 };
 
-// One row (b, t) per index.
-struct layernorm_forward {
-  float* out;
-  float* mean;
-  float* rstd;
-  const float* inp;
-  const float* weight;
-  const float* bias;
-  index C;
-  GPT2_HOST_DEVICE void operator()(index row) const {
-    const float* x = inp + row * C;
-    float m = 0;
-    for (index i = 0; i < C; ++i) m += x[i];
-    m = m / static_cast<float>(C);
-    float v = 0;
-    for (index i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-    v = v / static_cast<float>(C);
-    const float s = 1.0f / sqrtf(v + layernorm_eps);
-    float* o = out + row * C;
-    for (index i = 0; i < C; ++i) o[i] = s * (x[i] - m) * weight[i] + bias[i];
-    mean[row] = m;
-    rstd[row] = s;
+// Sums over a row in segments: one (row, segment) per index computes a segment's partial sum, one row per index
+// combines them in order (gpt2_model.hpp's segmented_sum, which the CPU loops use): a row of C or V columns is then
+// the work of many threads, not one.
+struct row_segments {
+  index n, segment;  // columns summed per row, columns per segment
+  GPT2_HOST_DEVICE index per_row() const { return (n + segment - 1) / segment; }
+  GPT2_HOST_DEVICE index begin(index s) const { return s * segment; }
+  GPT2_HOST_DEVICE index end(index s) const { return begin(s) + segment < n ? begin(s) + segment : n; }
+  GPT2_HOST_DEVICE float combine(const float* parts, index row) const {
+    float sum = 0;
+    for (index s = 0; s < per_row(); ++s) sum += parts[row * per_row() + s];
+    return sum;
   }
 };
 
-// The input's gradient, one row per index: dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd.
+// Layer norm forward, stage 1 (and 3), one (row, segment) per index: the segment's sum of x (mean null) or of
+// (x - mean)^2.
+struct layernorm_partial_sums {
+  float* parts;
+  const float* inp;
+  const float* mean;
+  row_segments s;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / s.per_row(), segment = i % s.per_row();
+    const float* x = inp + row * s.n;
+    float part = 0;
+    if (mean == nullptr) {
+      for (index c = s.begin(segment); c < s.end(segment); ++c) part += x[c];
+    } else {
+      const float m = mean[row];
+      for (index c = s.begin(segment); c < s.end(segment); ++c) part += (x[c] - m) * (x[c] - m);
+    }
+    parts[i] = part;
+  }
+};
+
+// Stage 2, one row per index: the mean.
+struct layernorm_mean {
+  float* mean;
+  const float* parts;
+  row_segments s;
+  GPT2_HOST_DEVICE void operator()(index row) const { mean[row] = s.combine(parts, row) / static_cast<float>(s.n); }
+};
+
+// Stage 4, one row per index: 1 / the standard deviation.
+struct layernorm_rstd {
+  float* rstd;
+  const float* parts;
+  row_segments s;
+  GPT2_HOST_DEVICE void operator()(index row) const {
+    const float v = s.combine(parts, row) / static_cast<float>(s.n);
+    rstd[row] = 1.0f / sqrtf(v + layernorm_eps);
+  }
+};
+
+// Stage 5, one element per index: out = (x - mean) * rstd * weight + bias.
+struct layernorm_normalize {
+  float* out;
+  const float* inp;
+  const float* mean;
+  const float* rstd;
+  const float* weight;
+  const float* bias;
+  index C;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / C, c = i % C;
+    out[i] = rstd[row] * (inp[i] - mean[row]) * weight[c] + bias[c];
+  }
+};
+
+// Layer norm backward, the input's gradient. Stage 1, one (row, segment) per index: the segment's sums of dnorm and
+// of dnorm * norm (parts: the first rows * segments, then the second).
+struct layernorm_backward_partials {
+  float* parts;
+  const float* dout;
+  const float* inp;
+  const float* weight;
+  const float* mean;
+  const float* rstd;
+  row_segments s;
+  index rows;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / s.per_row(), segment = i % s.per_row();
+    const float* d = dout + row * s.n;
+    const float* x = inp + row * s.n;
+    const float m = mean[row], r = rstd[row];
+    float dnorm_sum = 0, dnorm_norm_sum = 0;
+    for (index c = s.begin(segment); c < s.end(segment); ++c) dnorm_sum += weight[c] * d[c];
+    for (index c = s.begin(segment); c < s.end(segment); ++c) dnorm_norm_sum += weight[c] * d[c] * ((x[c] - m) * r);
+    parts[i] = dnorm_sum;
+    parts[rows * s.per_row() + i] = dnorm_norm_sum;
+  }
+};
+
+// Stage 2, one row per index: the two means (means: the first rows, then the second).
+struct layernorm_backward_means {
+  float* means;
+  const float* parts;
+  row_segments s;
+  index rows;
+  GPT2_HOST_DEVICE void operator()(index row) const {
+    means[row] = s.combine(parts, row) / static_cast<float>(s.n);
+    means[rows + row] = s.combine(parts + rows * s.per_row(), row) / static_cast<float>(s.n);
+  }
+};
+
+// Stage 3, one element per index: dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd.
 struct layernorm_backward_input {
   float* dinp;
   const float* dout;
@@ -180,25 +263,12 @@ struct layernorm_backward_input {
   const float* weight;
   const float* mean;
   const float* rstd;
-  index C;
-  GPT2_HOST_DEVICE void operator()(index row) const {
-    const float* d = dout + row * C;
-    const float* x = inp + row * C;
-    float* dx = dinp + row * C;
-    const float m = mean[row], s = rstd[row];
-    float dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (index i = 0; i < C; ++i) {
-      const float norm = (x[i] - m) * s;
-      const float dnorm = weight[i] * d[i];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
-    }
-    dnorm_mean = dnorm_mean / static_cast<float>(C);
-    dnorm_norm_mean = dnorm_norm_mean / static_cast<float>(C);
-    for (index i = 0; i < C; ++i) {
-      const float norm = (x[i] - m) * s;
-      dx[i] += (weight[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
-    }
+  const float* means;
+  index rows, C;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / C, c = i % C;
+    const float norm = (inp[i] - mean[row]) * rstd[row];
+    dinp[i] += (weight[c] * dout[i] - means[row] - norm * means[rows + row]) * rstd[row];
   }
 };
 
@@ -451,27 +521,86 @@ struct residual_backward {
   }
 };
 
-// One row (b, t) per index: probs over the V tokens, the padded columns past V set to 0; then the row's
-// cross-entropy against its target.
-struct softmax_crossentropy_forward {
-  float* probs;
-  float* losses;
+// The softmax over the V tokens and the cross-entropy against the target, in stages that keep every thread's work
+// short (rows of tens of thousands of columns, only B*T rows): one (row, segment) per index for the maxima and the
+// exponentials, one row per index to combine the segments in the CPU loop's order (row_segments over V columns of
+// kernels::softmax_segment; the rows are Vp apart).
+// Stage 1, one (row, segment) per index: the segment's largest logit.
+struct softmax_segment_max {
+  float* maxima;  // (rows, segments)
   const float* logits;
-  const int* targets;
-  index V, Vp;
+  row_segments s;
+  index Vp;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / s.per_row(), segment = i % s.per_row();
+    const float* l = logits + row * Vp;
+    float m = -INFINITY;
+    for (index c = s.begin(segment); c < s.end(segment); ++c) m = fmaxf(m, l[c]);
+    maxima[i] = m;
+  }
+};
+
+// Stage 2, one row per index: the row's largest logit (the maximum does not depend on the order).
+struct softmax_row_max {
+  float* row_max;
+  const float* maxima;
+  row_segments s;
   GPT2_HOST_DEVICE void operator()(index row) const {
+    float m = -INFINITY;
+    for (index segment = 0; segment < s.per_row(); ++segment) m = fmaxf(m, maxima[row * s.per_row() + segment]);
+    row_max[row] = m;
+  }
+};
+
+// Stage 3, one (row, segment) per index: the exponentials, and their sum over the segment.
+struct softmax_segment_exp {
+  float* probs;
+  float* sums;  // (rows, segments)
+  const float* logits;
+  const float* row_max;
+  row_segments s;
+  index Vp;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / s.per_row(), segment = i % s.per_row();
     const float* l = logits + row * Vp;
     float* p = probs + row * Vp;
-    for (index i = V; i < Vp; ++i) p[i] = 0;
-    float maxval = -INFINITY;
-    for (index i = 0; i < V; ++i) maxval = fmaxf(maxval, l[i]);
-    float sum = 0;
-    for (index i = 0; i < V; ++i) {
-      p[i] = expf(l[i] - maxval);
-      sum += p[i];
+    const float m = row_max[row];
+    float part = 0;
+    for (index c = s.begin(segment); c < s.end(segment); ++c) {
+      p[c] = expf(l[c] - m);
+      part += p[c];
     }
-    for (index i = 0; i < V; ++i) p[i] /= sum;
-    losses[row] = -logf(p[static_cast<index>(targets[row])]);
+    sums[i] = part;
+  }
+};
+
+// Stage 4, one row per index: the segments' sums in order.
+struct softmax_row_sum {
+  float* row_sum;
+  const float* sums;
+  row_segments s;
+  GPT2_HOST_DEVICE void operator()(index row) const { row_sum[row] = s.combine(sums, row); }
+};
+
+// Stage 5, one element (row, column of Vp) per index: the probabilities, the padded columns 0.
+struct softmax_normalize {
+  float* probs;
+  const float* row_sum;
+  index V, Vp;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index row = i / Vp, column = i % Vp;
+    probs[i] = column < V ? probs[i] / row_sum[row] : 0.0f;
+  }
+};
+
+// Stage 6, one row per index: the cross-entropy against the row's target.
+struct crossentropy_forward {
+  float* losses;
+  const float* probs;
+  const int* targets;
+  index Vp;
+  GPT2_HOST_DEVICE void operator()(index row) const {
+    losses[row] = -logf(probs[row * Vp + static_cast<index>(targets[row])]);
   }
 };
 

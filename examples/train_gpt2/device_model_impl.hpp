@@ -170,6 +170,9 @@ struct device_workspace::state : device_detail::device_present, activations<floa
       total += tensor.elements;
     }
     mirror = device_detail::buffer(total, 0.0f);
+    const std::size_t segments = std::max(layernorm_segments().per_row(), softmax_segments().per_row());
+    row_parts = device_detail::buffer(2 * B * T * segments, 0.0f);
+    row_stats = device_detail::buffer(2 * B * T, 0.0f);
     mirror_versions.assign(mirror_offsets.size(), never);
     pinned = std::make_unique<device_detail::host_staging>(staging);
   }
@@ -186,6 +189,11 @@ struct device_workspace::state : device_detail::device_present, activations<floa
   device_detail::matmul_context matmul;
   device_detail::buffer staged_gradients;
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets
+  // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
+  // two per row
+  device_detail::buffer row_parts, row_stats;
+  device_kernels::row_segments layernorm_segments() const { return {C, kernels::layernorm_segment}; }
+  device_kernels::row_segments softmax_segments() const { return {V, kernels::softmax_segment}; }
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};
   std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)
@@ -207,6 +215,37 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
                                std::to_string(offset + elements) + ") is past the " + std::to_string(staging) +
                                " elements of the largest pass");
 }
+}  // namespace device_detail
+
+namespace device_detail {
+
+// Layer norm on the device: gpt2_model.hpp's kernels::layernorm_forward and layernorm_backward, in stages.
+inline void layernorm_forward(device_workspace::state& s, float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, index rows) {
+  using namespace device_kernels;
+  const row_segments segments = s.layernorm_segments();
+  float* parts = raw(s.row_parts);
+  const index partials = rows * segments.per_row();
+  for_each_index(partials, layernorm_partial_sums{parts, inp, nullptr, segments});
+  for_each_index(rows, layernorm_mean{mean, parts, segments});
+  for_each_index(partials, layernorm_partial_sums{parts, inp, mean, segments});
+  for_each_index(rows, layernorm_rstd{rstd, parts, segments});
+  for_each_index(rows * s.C, layernorm_normalize{out, inp, mean, rstd, weight, bias, s.C});
+}
+
+inline void layernorm_backward(device_workspace::state& s, float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean, const float* rstd, index rows) {
+  using namespace device_kernels;
+  const row_segments segments = s.layernorm_segments();
+  float* parts = raw(s.row_parts);
+  float* means = raw(s.row_stats);
+  for_each_index(rows * segments.per_row(),
+                 layernorm_backward_partials{parts, dout, inp, weight, mean, rstd, segments, rows});
+  for_each_index(rows, layernorm_backward_means{means, parts, segments, rows});
+  for_each_index(rows * s.C, layernorm_backward_input{dinp, dout, inp, weight, mean, rstd, means, rows, s.C});
+  for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, dout, inp, mean, rstd, rows, s.C});
+}
+
 }  // namespace device_detail
 
 float* device_workspace::parameter(std::size_t tensor, const float* host, std::uint64_t version) {
@@ -294,8 +333,7 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   float* fcproj = raw(s.fcproj) + k * BTC;
   float* residual3 = raw(s.residual3) + l * BTC;
 
-  for_each_index(BT, device_kernels::layernorm_forward{ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight],
-                                                       p[ln_1_bias], C});
+  device_detail::layernorm_forward(s, ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], BT);
   s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
   const device_kernels::attention_geometry geometry{T, C, NH};
   for_each_index(B * NH * T * T, device_kernels::attention_scores{preatt, qkv, geometry});
@@ -303,8 +341,7 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   for_each_index(BTC, device_kernels::attention_values{atty, att, qkv, geometry});
   s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
   for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
-  for_each_index(BT, device_kernels::layernorm_forward{ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight],
-                                                       p[ln_2_bias], C});
+  device_detail::layernorm_forward(s, ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], BT);
   s.matmul.forward(fch, ln2, p[mlp_c_fc_weight], p[mlp_c_fc_bias], BT, C, 4 * C);
   for_each_index(BTC * 4, device_kernels::gelu_forward{fch_gelu, fch});
   s.matmul.forward(fcproj, fch_gelu, p[mlp_c_proj_weight], p[mlp_c_proj_bias], BT, 4 * C, C);
@@ -318,11 +355,22 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   const std::size_t BT = s.B * s.T, C = s.C;
   const int* d_targets = s.upload(s.targets, targets, "targets");
   const float* residual = raw(s.residual3) + (s.L - 1) * BT * C;
-  device_detail::for_each_index(BT, device_kernels::layernorm_forward{raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd),
-                                                                      residual, ln_f_weight, ln_f_bias, C});
+  device_detail::layernorm_forward(s, raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd), residual, ln_f_weight, ln_f_bias,
+                                   BT);
   s.matmul.forward(raw(s.logits), raw(s.lnf), wte, nullptr, BT, C, s.Vp);
-  device_detail::for_each_index(BT, device_kernels::softmax_crossentropy_forward{
-                                        raw(s.probs), raw(s.losses), raw(s.logits), d_targets, s.V, s.Vp});
+  const device_kernels::row_segments segments = s.softmax_segments();
+  const std::size_t parts = BT * segments.per_row();
+  float* maxima = raw(s.row_parts);
+  float* sums = raw(s.row_parts) + parts;
+  float* row_max = raw(s.row_stats);
+  float* row_sum = raw(s.row_stats) + BT;
+  using namespace device_kernels;
+  device_detail::for_each_index(parts, softmax_segment_max{maxima, raw(s.logits), segments, s.Vp});
+  device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
+  device_detail::for_each_index(parts, softmax_segment_exp{raw(s.probs), sums, raw(s.logits), row_max, segments, s.Vp});
+  device_detail::for_each_index(BT, softmax_row_sum{row_sum, sums, segments});
+  device_detail::for_each_index(BT * s.Vp, softmax_normalize{raw(s.probs), row_sum, s.V, s.Vp});
+  device_detail::for_each_index(BT, device_kernels::crossentropy_forward{raw(s.losses), raw(s.probs), d_targets, s.Vp});
   s.host_losses.resize(BT);
   thrust::copy(s.losses.begin(), s.losses.end(), s.host_losses.begin());
   double sum = 0;  // in double, in row order, as the CPU's head_forward
@@ -345,12 +393,8 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   device_detail::for_each_index(BT * s.Vp, device_kernels::crossentropy_softmax_backward{
                                                raw(s.dlogits), raw(s.probs), d_targets, dloss, s.V, s.Vp});
   s.matmul.backward(raw(s.dlnf), d_wte, nullptr, raw(s.dlogits), raw(s.lnf), wte, BT, C, s.Vp);
-  device_detail::for_each_index(BT, device_kernels::layernorm_backward_input{dresidual, raw(s.dlnf), residual,
-                                                                             ln_f_weight, raw(s.lnf_mean),
-                                                                             raw(s.lnf_rstd), C});
-  device_detail::for_each_index(C, device_kernels::layernorm_backward_parameters{
-                                       d_ln_f_weight, d_ln_f_bias, raw(s.dlnf), residual, raw(s.lnf_mean),
-                                       raw(s.lnf_rstd), BT, C});
+  device_detail::layernorm_backward(s, dresidual, d_ln_f_weight, d_ln_f_bias, raw(s.dlnf), residual, ln_f_weight,
+                                    raw(s.lnf_mean), raw(s.lnf_rstd), BT);
 }
 
 void layer_backward(std::size_t layer, const layer_params<float>& p, const layer_grads<float>& g,
@@ -385,10 +429,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   for_each_index(BTC * 4, device_kernels::gelu_backward{raw(s.dfch), fch, raw(s.dfch_gelu)});
   s.matmul.backward(raw(s.dln2), g[mlp_c_fc_weight], g[mlp_c_fc_bias], raw(s.dfch), ln2, p[mlp_c_fc_weight], BT, C,
                     4 * C);
-  for_each_index(BT, device_kernels::layernorm_backward_input{raw(s.dresidual2), raw(s.dln2), residual2,
-                                                              p[ln_2_weight], ln2_mean, ln2_rstd, C});
-  for_each_index(C, device_kernels::layernorm_backward_parameters{g[ln_2_weight], g[ln_2_bias], raw(s.dln2),
-                                                                  residual2, ln2_mean, ln2_rstd, BT, C});
+  device_detail::layernorm_backward(s, raw(s.dresidual2), g[ln_2_weight], g[ln_2_bias], raw(s.dln2), residual2,
+                                    p[ln_2_weight], ln2_mean, ln2_rstd, BT);
   for_each_index(BTC, device_kernels::residual_backward{dresidual, raw(s.dattproj), raw(s.dresidual2)});
   s.matmul.backward(raw(s.datty), g[attn_c_proj_weight], g[attn_c_proj_bias], raw(s.dattproj), atty,
                     p[attn_c_proj_weight], BT, C, C);
@@ -400,10 +442,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
                                                                      qkv, geometry});
   s.matmul.backward(raw(s.dln1), g[attn_c_attn_weight], g[attn_c_attn_bias], raw(s.dqkv), ln1, p[attn_c_attn_weight],
                     BT, C, 3 * C);
-  for_each_index(BT, device_kernels::layernorm_backward_input{dresidual, raw(s.dln1), residual, p[ln_1_weight],
-                                                              ln1_mean, ln1_rstd, C});
-  for_each_index(C, device_kernels::layernorm_backward_parameters{g[ln_1_weight], g[ln_1_bias], raw(s.dln1), residual,
-                                                                  ln1_mean, ln1_rstd, BT, C});
+  device_detail::layernorm_backward(s, dresidual, g[ln_1_weight], g[ln_1_bias], raw(s.dln1), residual, p[ln_1_weight],
+                                    ln1_mean, ln1_rstd, BT);
 }
 
 void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts) {

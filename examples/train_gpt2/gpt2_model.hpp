@@ -269,6 +269,23 @@ inline void check_tokens(const int* tokens, std::size_t count, std::size_t vocab
                                  std::to_string(vocab) + ")");
 }
 
+/// Sums over a row (layer norm's C channels, the softmax's V tokens) run by segments, then over the segments in order:
+/// the order the device passes (device_kernels.hpp) use with one thread per segment, so that both give the same bits.
+inline constexpr std::size_t layernorm_segment = 64;
+inline constexpr std::size_t softmax_segment = 256;
+
+/// term(0) + ... + term(n - 1), in that segmented order.
+template <class Real, class Term>
+Real segmented_sum(std::size_t n, std::size_t segment, Term&& term) {
+  Real sum = 0;
+  for (std::size_t begin = 0; begin < n; begin += segment) {
+    Real part = 0;
+    for (std::size_t i = begin; i < std::min(n, begin + segment); ++i) part += term(i);
+    sum += part;
+  }
+  return sum;
+}
+
 // out[b,t,:] = wte[token[b,t],:] + wpe[t,:]
 template <class Real>
 void encoder_forward(Real* out, const int* tokens, const Real* wte, const Real* wpe, std::size_t B, std::size_t T,
@@ -308,12 +325,9 @@ void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
       const Real* x = inp + (b * T + t) * C;
-      Real m = 0;
-      for (std::size_t i = 0; i < C; ++i) m += x[i];
-      m = m / Real(C);
-      Real v = 0;
-      for (std::size_t i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-      v = v / Real(C);
+      const Real m = segmented_sum<Real>(C, layernorm_segment, [&](std::size_t i) { return x[i]; }) / Real(C);
+      const Real v =
+          segmented_sum<Real>(C, layernorm_segment, [&](std::size_t i) { return (x[i] - m) * (x[i] - m); }) / Real(C);
       const Real s = Real(1) / std::sqrt(v + eps);
       Real* out_bt = out + (b * T + t) * C;
       for (std::size_t i = 0; i < C; ++i) out_bt[i] = s * (x[i] - m) * weight[i] + bias[i];
@@ -333,21 +347,16 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
       Real* dinp_bt = dinp + (b * T + t) * C;
       const Real mean_bt = mean[b * T + t], rstd_bt = rstd[b * T + t];
       // Two reductions: the mean of dnorm and the mean of dnorm * norm.
-      Real dnorm_mean = 0, dnorm_norm_mean = 0;
+      const auto dnorm = [&](std::size_t i) { return weight[i] * dout_bt[i]; };
+      const Real dnorm_mean = segmented_sum<Real>(C, layernorm_segment, dnorm) / Real(C);
+      const Real dnorm_norm_mean = segmented_sum<Real>(C, layernorm_segment, [&](std::size_t i) {
+                                     return dnorm(i) * ((inp_bt[i] - mean_bt) * rstd_bt);
+                                   }) / Real(C);
       for (std::size_t i = 0; i < C; ++i) {
         const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
-        const Real dnorm = weight[i] * dout_bt[i];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean = dnorm_mean / Real(C);
-      dnorm_norm_mean = dnorm_norm_mean / Real(C);
-      for (std::size_t i = 0; i < C; ++i) {
-        const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
-        const Real dnorm = weight[i] * dout_bt[i];
         dbias[i] += dout_bt[i];
         dweight[i] += norm * dout_bt[i];
-        dinp_bt[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd_bt;
+        dinp_bt[i] += (dnorm(i) - dnorm_mean - norm * dnorm_norm_mean) * rstd_bt;
       }
     }
 }
@@ -547,11 +556,10 @@ void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t
       std::fill(probs_bt + V, probs_bt + Vp, Real(0));
       Real maxval = -std::numeric_limits<Real>::infinity();
       for (std::size_t i = 0; i < V; ++i) maxval = std::max(maxval, logits_bt[i]);
-      Real sum = 0;
-      for (std::size_t i = 0; i < V; ++i) {
+      const Real sum = segmented_sum<Real>(V, softmax_segment, [&](std::size_t i) {
         probs_bt[i] = std::exp(logits_bt[i] - maxval);
-        sum += probs_bt[i];
-      }
+        return probs_bt[i];
+      });
       for (std::size_t i = 0; i < V; ++i) probs_bt[i] /= sum;
     }
 }
