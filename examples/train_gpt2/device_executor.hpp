@@ -2,9 +2,9 @@
 // Runs the schedule (schedule.hpp) with the maths on a device (device_model.hpp) and the tensors in host memory:
 // each pass enters its host scope (for chunk memory: the runtime acquires the pass's chunks), refreshes the device
 // mirror of its parameters where they changed since (once per step), runs the device passes, and adds the gradients
-// they computed into the host ones before the scope ends (the runtime then reduces them and updates them where the plan keeps the optimizer
-// states). ZeRO-Offload's split: weights, gradients and Adam in host memory, the forward and backward maths on the
-// GPU.
+// they computed into the host ones before the scope ends (the runtime then reduces them and updates them where the
+// plan keeps the optimizer states). ZeRO-Offload's split: weights, gradients and Adam in host memory, the forward and
+// backward maths on the GPU.
 #include <chunkwise/runtime/fp32_compute.hpp>
 
 #include "device_model.hpp"

@@ -147,7 +147,8 @@ class host_staging {
 inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline void zero(float* p, index n) {
-  device_kernels::kernel_times::instance().time("zero", [&] { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); });
+  device_kernels::kernel_times::instance().time("zero",
+                                                [&] { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); });
 }
 inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size()); }
 
@@ -233,8 +234,9 @@ inline void layernorm_forward(device_workspace::state& s, float* out, float* mea
   for_each_index(rows * s.C, layernorm_normalize{out, inp, mean, rstd, weight, bias, s.C});
 }
 
-inline void layernorm_backward(device_workspace::state& s, float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, const float* mean, const float* rstd, index rows) {
+inline void layernorm_backward(device_workspace::state& s, float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp, const float* weight, const float* mean,
+                               const float* rstd, index rows) {
   using namespace device_kernels;
   const row_segments segments = s.layernorm_segments();
   float* parts = raw(s.row_parts);
@@ -266,8 +268,9 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
 #pragma omp parallel for
       for (std::size_t i = 0; i < n; ++i) pinned[i] = from[i];
     });
-    device_kernels::kernel_times::instance().time("parameters pinned -> device",
-                                                  [&] { thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done)); });
+    device_kernels::kernel_times::instance().time("parameters pinned -> device", [&] {
+      thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done));
+    });
   }
   s.mirror_versions[tensor] = version;
   return copy;

@@ -524,7 +524,8 @@ void train_rank(const rank_setup& setup, Comm& comm) {
     const auto timed = [&](int part, auto&& work) {  // CHUNKWISE_GPT2_KERNEL_TIMES: where the step goes
       const auto t0 = std::chrono::steady_clock::now();
       auto result = work();
-      step_parts[static_cast<std::size_t>(part)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+      step_parts[static_cast<std::size_t>(part)] += took.count();
       return result;
     };
     timed(0, [&] { return (rt.zero_grad(), 0); });
