@@ -35,9 +35,15 @@ cat "$out/machine.txt"
 
 prefix=/tmp/chunkwise-prefix
 mkdir -p "$prefix"
-for deb in .device-debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+if compgen -G '.device-debs/*.deb' > /dev/null; then
+  for deb in .device-debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+else
+  echo "run.sh: no .device-debs/*.deb (where Debian's registry is reachable: mkdir -p .device-debs && cd .device-debs" \
+       "&& apt-get download doctest-dev nlohmann-json3-dev; then carry .device-debs); trying the system's" >&2
+fi
 # Debian's doctest config names /usr as its prefix: point it at the unpacked one.
-sed -i "s|set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$prefix/usr\")|" "$prefix/usr/lib/cmake/doctest/doctestTargets.cmake"
+doctest_targets="$prefix/usr/lib/cmake/doctest/doctestTargets.cmake"
+[ -f "$doctest_targets" ] && sed -i "s|set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$prefix/usr\")|" "$doctest_targets"
 nccl=()
 if [ ! -f /usr/local/cuda/include/nccl.h ]; then
   nccl_root=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
