@@ -30,9 +30,6 @@ class device_workspace {
 
   /// "CUDA (<GPU name>)" or "OpenMP (host)": where these passes run.
   [[nodiscard]] const char* device_name() const noexcept;
-  /// Elements the gradient staging area holds: the largest pass's parameters.
-  [[nodiscard]] std::size_t staging_elements() const noexcept;
-
   /// The device copy of parameter tensor `tensor` (parameter_tensors order), copied from `host` unless the mirror
   /// already holds that tensor at `version`: any number that changes whenever the host parameters do (the
   /// optimizer's step count).

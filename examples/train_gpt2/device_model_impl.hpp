@@ -206,7 +206,6 @@ device_workspace::device_workspace(const model_config& config) : state_(std::mak
 device_workspace::~device_workspace() = default;
 
 const char* device_workspace::device_name() const noexcept { return state_->matmul.name(); }
-std::size_t device_workspace::staging_elements() const noexcept { return state_->staging; }
 
 namespace device_detail {
 inline void check_staging(std::size_t offset, std::size_t elements, std::size_t staging) {
@@ -216,9 +215,6 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
                                std::to_string(offset + elements) + ") is past the " + std::to_string(staging) +
                                " elements of the largest pass");
 }
-}  // namespace device_detail
-
-namespace device_detail {
 
 // Layer norm on the device: gpt2_model.hpp's kernels::layernorm_forward and layernorm_backward, in stages.
 inline void layernorm_forward(device_workspace::state& s, float* out, float* mean, float* rstd, const float* inp,
