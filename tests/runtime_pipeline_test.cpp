@@ -471,7 +471,10 @@ TEST_CASE("ZeRO-3 over streamed homes gathers passes ahead, from cache blocks st
     CHECK(toy::worst_relative_difference(result.parameters, expected) < 1e-5);
     MESSAGE(result.traffic.gathers_ahead);
     MESSAGE(result.cache.summary());
-    CHECK(result.traffic.gathers_ahead > 0);
+    // one rank's shard is the whole chunk: it computes on the cache block, nothing is gathered
+    if (ranks == 1) CHECK(result.traffic.gathers_ahead == 0);
+    else CHECK(result.traffic.gathers_ahead > 0);
+    CHECK(result.cache.prefetches > 0);
   }
 }
 

@@ -145,6 +145,30 @@ TEST_CASE("a tier past its budget throws out_of_memory naming the bytes asked, i
   CHECK(message_of([&] { (void)pinned.allocate_sync(64, 3); }).find("invalid_argument") == 0);
 }
 
+TEST_CASE("a host tier reuses a freed block of the same size and keeps no more than its peak") {
+  emulated_device_tier device(64 * MiB);
+  void* first = device.allocate_sync(3 * MiB, 0);
+  std::memset(first, 1, 3 * MiB);
+  device.deallocate_sync(first, 3 * MiB, 0);
+  CHECK(device.stats().in_use == 0);  // back to the budget at once, whether or not its memory is kept
+  void* again = device.allocate_sync(3 * MiB, 0);
+  if (detail::keep_freed_blocks) CHECK(again == first);  // the same mapping: no page is faulted in again
+  CHECK(device.stats().in_use == 3 * MiB);
+  void* other = device.allocate_sync(1 * MiB, 0);  // another size: a new block
+  CHECK(other != again);
+  device.deallocate_sync(again, 3 * MiB, 0);
+  device.deallocate_sync(other, 1 * MiB, 0);
+  // 4 MiB were in use at once: a 4 MiB block now takes the place of the cached ones rather than adding to them.
+  void* big = device.allocate_sync(4 * MiB, 0);
+  CHECK(device.stats().peak == 4 * MiB);
+  void* small = device.allocate_sync(1 * MiB, 0);  // its cached block was handed back to make room for `big`
+  CHECK(device.stats().peak == 5 * MiB);
+  device.deallocate_sync(big, 4 * MiB, 0);
+  device.deallocate_sync(small, 1 * MiB, 0);
+  // the budget still refuses what does not fit, cached blocks or not
+  CHECK(message_of([&] { (void)device.allocate_sync(65 * MiB, 0); }).find("out_of_memory") == 0);
+}
+
 TEST_CASE("the NVMe store round-trips random blocks bit-exactly on io_uring and on the thread pool") {
   temp_dir dir;
   for (auto path : {nvme_io_path::automatic, nvme_io_path::threads}) {

@@ -26,11 +26,16 @@ class chunk_tensors {
  public:
   chunk_tensors(Runtime& rt, chunkwise::fp32_compute<Runtime>& compute) : rt_(&rt), compute_(&compute) {}
   void restart() noexcept { next_ = 0; }
+  /// As rt.use(pass) around the body: a pass that throws is not released (pass_guard.hpp says why).
   template <class Body>
   void around_pass(Body&& body) {
-    const auto in_use = rt_->use(next_++);
-    const auto flushing = compute_->flush_at_exit();  // destroyed first: the gradients go in before the release
-    body();
+    const std::size_t pass = next_++;
+    time_host("runtime acquire", [&] { rt_->acquire(pass); });
+    {
+      const auto flushing = compute_->flush_at_exit();  // the gradients go in before the release
+      body();
+    }
+    time_host("runtime release", [&] { rt_->release(pass); });
   }
   float* parameter(std::size_t t) { return compute_->parameter(static_cast<std::uint32_t>(t)); }
   float* gradient(std::size_t t) { return compute_->gradient(static_cast<std::uint32_t>(t)); }

@@ -60,7 +60,9 @@ class kernel_times {
 #if defined(__CUDACC__)
     (void)cudaDeviceSynchronize();
 #endif
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    add(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  void add(const std::string& name, double seconds) {
     std::lock_guard lock(mutex_);
     auto& row = rows_[name];
     row.first += seconds;
@@ -104,11 +106,22 @@ std::string kernel_name() {
   return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
-/// f(i) for every i in [0, n) on the device system; returns when all have run.
+/// The device system's execution policy. On the GPU, launches do not wait for the kernel (Thrust's default policy
+/// synchronises after every algorithm): work queues in order on the default stream and the host waits only where it
+/// reads a result (a copy to host memory) or times a kernel.
+inline auto device_policy() {
+#if defined(__CUDACC__)
+  return thrust::cuda::par_nosync;
+#else
+  return thrust::device;
+#endif
+}
+
+/// f(i) for every i in [0, n) on the device system, in stream order after earlier work.
 template <class Functor>
 void for_each_index(index n, const Functor& f) {
   if (n == 0) return;
-  const auto run = [&] { thrust::for_each_n(thrust::device, thrust::counting_iterator<index>(0), n, f); };
+  const auto run = [&] { thrust::for_each_n(device_policy(), thrust::counting_iterator<index>(0), n, f); };
   auto& times = kernel_times::instance();
   if (times.enabled())
     times.time(kernel_name<Functor>(), run);

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <memory>
 
 namespace gpt2 {
@@ -52,6 +53,17 @@ class device_workspace {
 /// Where CHUNKWISE_GPT2_KERNEL_TIMES is set: forget the times so far; print each operation's total (else nothing).
 void reset_kernel_times();
 void print_kernel_times();
+/// Where CHUNKWISE_GPT2_KERNEL_TIMES is set: runs `work` and adds its wall time to the table under `name` (host work
+/// between the device's, such as the runtime's acquire and release); else only runs it.
+bool kernel_times_enabled();
+void add_host_time(const char* name, double seconds);
+template <class Work>
+void time_host(const char* name, Work&& work) {
+  if (!kernel_times_enabled()) return work();
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  add_host_time(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
 
 void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts);
 void layer_forward(std::size_t layer, const layer_params<float>& p, device_workspace& acts);

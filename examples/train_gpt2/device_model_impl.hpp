@@ -111,44 +111,109 @@ class matmul_context {
 
 using buffer = thrust::device_vector<float>;
 
+/// Pageable host memory <-> device, through two page-locked halves: the CPU fills (or drains) one half while the GPU
+/// copies the other, so a tensor's trip costs about the slower of the two legs rather than their sum (pageable memory
+/// itself would be copied through the driver's own staging first). Parameters go up on a copy stream of their own,
+/// beside the kernels of the pass before (the mirror's tensors change between steps only); the default stream, where
+/// the kernels run, waits for them. Gradients come down on the default stream, after the kernels that computed them.
+/// Each half's event says when the GPU is done with it.
+class staging_pipe {
+ public:
+  static constexpr std::size_t piece = std::size_t{4} << 20;  // elements per half (16 MiB)
+
 #if defined(__CUDACC__)
-/// Page-locked host memory: the GPU's copies to and from it run at the link's rate (pageable memory is copied
-/// through the driver's own staging first).
-class host_staging {
- public:
-  explicit host_staging(std::size_t elements) : size_(elements) {
+  staging_pipe() {
     void* memory = nullptr;
-    CHUNKWISE_CUDA_TRY(cudaHostAlloc(&memory, elements * sizeof(float), cudaHostAllocDefault),
-                       "GPT-2 device passes: " + std::to_string(elements * sizeof(float)) + " bytes of pinned memory");
-    data_ = static_cast<float*>(memory);
+    CHUNKWISE_CUDA_TRY(cudaHostAlloc(&memory, 2 * piece * sizeof(float), cudaHostAllocDefault),
+                       "GPT-2 device passes: " + std::to_string(2 * piece * sizeof(float)) + " bytes of pinned memory");
+    halves_[0] = static_cast<float*>(memory);
+    halves_[1] = halves_[0] + piece;
+    for (auto* event : {&done_[0], &done_[1], &uploaded_})
+      CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "GPT-2 device passes");
+    CHUNKWISE_CUDA_TRY(cudaStreamCreateWithFlags(&uploads_, cudaStreamNonBlocking), "GPT-2 device passes");
   }
-  ~host_staging() { (void)cudaFreeHost(data_); }
-  host_staging(const host_staging&) = delete;
-  host_staging& operator=(const host_staging&) = delete;
-  [[nodiscard]] float* data() noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  ~staging_pipe() {
+    (void)cudaDeviceSynchronize();
+    for (auto* event : {done_[0], done_[1], uploaded_}) (void)cudaEventDestroy(event);
+    (void)cudaStreamDestroy(uploads_);
+    (void)cudaFreeHost(halves_[0]);
+  }
+  staging_pipe(const staging_pipe&) = delete;
+  staging_pipe& operator=(const staging_pipe&) = delete;
+
+  /// device[0, n) = host[0, n), before the kernels queued after this call run; returns before the copy ends.
+  void upload(float* device, const float* host, std::size_t n) {
+    for (std::size_t done = 0; done < n; done += piece) {
+      const std::size_t m = std::min(piece, n - done), h = next_half();
+      CHUNKWISE_CUDA_TRY(cudaEventSynchronize(done_[h]), "GPT-2 device passes: staging");  // its last copy is out
+      float* pinned = halves_[h];
+      const float* from = host + done;
+      device_kernels::kernel_times::instance().time("parameters host -> pinned", [&] {
+#pragma omp parallel for
+        for (std::size_t i = 0; i < m; ++i) pinned[i] = from[i];
+      });
+      device_kernels::kernel_times::instance().time("parameters pinned -> device", [&] {
+        CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(device + done, pinned, m * sizeof(float), cudaMemcpyHostToDevice,
+                                           uploads_),
+                           "GPT-2 device passes: parameters to the device");
+        CHUNKWISE_CUDA_TRY(cudaEventRecord(done_[h], uploads_), "GPT-2 device passes: staging");
+      });
+    }
+    CHUNKWISE_CUDA_TRY(cudaEventRecord(uploaded_, uploads_), "GPT-2 device passes: staging");
+    CHUNKWISE_CUDA_TRY(cudaStreamWaitEvent(0, uploaded_, 0), "GPT-2 device passes: staging");
+  }
+  /// host[i] += device[i] for i in [0, n), once the kernels queued before this call have run: the next piece's copy
+  /// runs while the CPU adds this one.
+  void download_add(float* host, const float* device, std::size_t n) {
+    const auto copy_out = [&](std::size_t first) {
+      const std::size_t h = first / piece % 2;
+      device_kernels::kernel_times::instance().time("gradients device -> pinned", [&] {
+        CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(halves_[h], device + first, std::min(piece, n - first) * sizeof(float),
+                                           cudaMemcpyDeviceToHost, 0),
+                           "GPT-2 device passes: gradients to the host");
+        CHUNKWISE_CUDA_TRY(cudaEventRecord(done_[h], 0), "GPT-2 device passes: staging");
+      });
+    };
+    if (n != 0) copy_out(0);
+    for (std::size_t done = 0; done < n; done += piece) {
+      const std::size_t m = std::min(piece, n - done), h = done / piece % 2;
+      if (done + piece < n) copy_out(done + piece);
+      CHUNKWISE_CUDA_TRY(cudaEventSynchronize(done_[h]), "GPT-2 device passes: staging");
+      const float* pinned = halves_[h];
+      float* to = host + done;
+      device_kernels::kernel_times::instance().time("gradients pinned + host -> host", [&] {
+#pragma omp parallel for
+        for (std::size_t i = 0; i < m; ++i) to[i] += pinned[i];
+      });
+    }
+    next_ = 0;  // both halves are free: the CPU has read them
+  }
 
  private:
-  float* data_ = nullptr;
-  std::size_t size_;
-};
+  std::size_t next_half() { return next_++ % 2; }
+  float* halves_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  cudaEvent_t uploaded_ = nullptr;
+  cudaStream_t uploads_ = nullptr;
+  std::size_t next_ = 0;
 #else
-class host_staging {
- public:
-  explicit host_staging(std::size_t elements) : data_(elements) {}
-  [[nodiscard]] float* data() noexcept { return data_.data(); }
-  [[nodiscard]] std::size_t size() const noexcept { return data_.size(); }
-
- private:
-  std::vector<float> data_;
-};
+  /// The host system: the device is host memory, so plain copies (the test checks the maths, not the overlap).
+  void upload(float* device, const float* host, std::size_t n) {
+    thrust::copy_n(host, n, thrust::device_pointer_cast(device));
+  }
+  void download_add(float* host, const float* device, std::size_t n) {
+    std::vector<float> copied(n);
+    thrust::copy_n(thrust::device_pointer_cast(device), n, copied.begin());
+    for (std::size_t i = 0; i < n; ++i) host[i] += copied[i];
+  }
 #endif
+};
 
 inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline void zero(float* p, index n) {
   device_kernels::kernel_times::instance().time("zero",
-                                                [&] { thrust::fill_n(thrust::device_pointer_cast(p), n, 0.0f); });
+                                                [&] { thrust::fill_n(device_kernels::device_policy(), thrust::device_pointer_cast(p), n, 0.0f); });
 }
 inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size()); }
 
@@ -175,7 +240,6 @@ struct device_workspace::state : device_detail::device_present, activations<floa
     row_parts = device_detail::buffer(2 * B * T * segments, 0.0f);
     row_stats = device_detail::buffer(2 * B * T, 0.0f);
     mirror_versions.assign(mirror_offsets.size(), never);
-    pinned = std::make_unique<device_detail::host_staging>(staging);
   }
 
   // tokens or targets (host, checked) into their device array
@@ -198,7 +262,7 @@ struct device_workspace::state : device_detail::device_present, activations<floa
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};
   std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)
-  std::unique_ptr<device_detail::host_staging> pinned;  // parameters in, gradients out
+  device_detail::staging_pipe pipe;  // parameters in, gradients out
   std::vector<float> host_losses;
 };
 
@@ -256,18 +320,7 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
   if (s.mirror_versions[tensor] == version) return copy;
   const std::size_t end = tensor + 1 < s.mirror_offsets.size() ? s.mirror_offsets[tensor + 1] : s.mirror.size();
   const std::size_t elements = end - s.mirror_offsets[tensor];
-  float* pinned = s.pinned->data();
-  for (std::size_t done = 0; done < elements; done += s.pinned->size()) {  // wte may exceed the staging
-    const std::size_t n = std::min(s.pinned->size(), elements - done);
-    const float* from = host + done;
-    device_kernels::kernel_times::instance().time("parameters host -> pinned", [&] {
-#pragma omp parallel for
-      for (std::size_t i = 0; i < n; ++i) pinned[i] = from[i];
-    });
-    device_kernels::kernel_times::instance().time("parameters pinned -> device", [&] {
-      thrust::copy_n(pinned, n, thrust::device_pointer_cast(copy + done));
-    });
-  }
+  s.pipe.upload(copy, host, elements);
   s.mirror_versions[tensor] = version;
   return copy;
 }
@@ -281,20 +334,14 @@ float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t element
 
 void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
   device_detail::check_staging(offset, elements, state_->staging);
-  float* pinned = state_->pinned->data();
-  auto& times = device_kernels::kernel_times::instance();
-  times.time("gradients device -> pinned", [&] {
-    thrust::copy_n(state_->staged_gradients.begin() + static_cast<std::ptrdiff_t>(offset), elements, pinned);
-  });
-  times.time("gradients pinned + host -> host", [&] {
-#pragma omp parallel for
-    for (std::size_t i = 0; i < elements; ++i) host[i] += pinned[i];
-  });
+  state_->pipe.download_add(host, device_detail::raw(state_->staged_gradients) + offset, elements);
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }
 
 void reset_kernel_times() { device_kernels::kernel_times::instance().reset(); }
+bool kernel_times_enabled() { return device_kernels::kernel_times::instance().enabled(); }
+void add_host_time(const char* name, double seconds) { device_kernels::kernel_times::instance().add(name, seconds); }
 void print_kernel_times() {
   if (device_kernels::kernel_times::instance().enabled()) device_kernels::kernel_times::instance().print(stdout);
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -122,12 +123,19 @@ class gradient_pipeline {
   template <class Reduced>
   void start(record& b, Reduced&& reduced) {
     if (b.gradient.empty()) b.gradient = device_buffer(b.full_elements, reduced);  // no backward touched it
+    reduced_bytes_ += b.gradient.bytes();
+    reducing_.push_back(b.index);
+    if (ops_->ranks() == 1 && b.gradient.bytes() == b.owned_gradient.bytes() &&
+        b.gradient.same_tier(b.owned_gradient)) {
+      // One rank: the reduction is the identity. The accumulator becomes the owned gradient (no copy of the chunk on
+      // the trainer's thread); the old owned buffer goes back with the accumulator at the hand-on.
+      std::swap(b.gradient, b.owned_gradient);
+      return;
+    }
     visit_element(type_, "runtime", [&]<class T>(T) {
       b.reduction = ops_->template reduce_grads<T>(b.gradient.template span<T>(), b.owned_gradient.template span<T>(),
                                                    reduce_op::average);
     });
-    reduced_bytes_ += b.gradient.bytes();
-    reducing_.push_back(b.index);
   }
 
   /// At a pass boundary: hands every finished reduction on (reduced(b), accumulator returned), oldest first.

@@ -4,6 +4,8 @@
 // parameters (ZeRO-3, hybrid) this rank's shard is all-gathered into a full-chunk device buffer, prefetch_depth passes
 // ahead of its use (a streamed home's block too: the gather waits for the block's fetch where it runs), and dropped
 // after it. The chunk's record holds the gather in flight (`fetching`) and what the trainer reads (`compute`).
+// On one rank the shard is the whole chunk: the compute reads the home's device copy as without sharding (a gather
+// would only copy it, and the cost model charges none).
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/bytes.hpp>
@@ -30,7 +32,8 @@ class parameter_fetches {
                     std::vector<record>& chunks, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
                     std::size_t prefetch_depth, dtype type)
       : ops_(&ops), homes_(&homes), gradients_(&gradients), chunks_(&chunks),
-        pass_chunks_(&pass_chunks), prefetch_depth_(prefetch_depth), type_(type) {}
+        pass_chunks_(&pass_chunks), prefetch_depth_(prefetch_depth), type_(type),
+        gathers_(Collective::shards_parameters && ops.ranks() > 1) {}
   parameter_fetches(const parameter_fetches&) = delete;
   parameter_fetches& operator=(const parameter_fetches&) = delete;
   ~parameter_fetches() {
@@ -55,7 +58,7 @@ class parameter_fetches {
   /// for its fetch: the gather waits for it where it runs.
   template <class Reduced>
   void start(record& b, bool prefetch, Reduced&& reduced) {
-    if constexpr (Collective::shards_parameters) {
+    if (gathers_) {
       detail::tier_buffer full;
       try {
         full = gradients_->device_buffer(b.full_elements, reduced);
@@ -90,14 +93,14 @@ class parameter_fetches {
   void finish(record& b) {
     b.fetch.wait();
     b.fetch = {};
-    if constexpr (Collective::shards_parameters) return_home(b);
+    if (gathers_) return_home(b);
     b.life.arrived();
   }
   /// Gathers for the chunks of passes [first, first + prefetch_depth) ahead of their use. A streamed chunk's gather
   /// holds its cache block until the chunk's acquire: prefetches leave one block free for the acquires on demand.
   template <class Reduced>
   void prefetch(std::size_t first, Reduced&& reduced) {
-    if constexpr (Collective::shards_parameters) {
+    if (gathers_) {
       std::size_t held = 0;
       for (const auto& b : *chunks_) held += b.home_held ? 1 : 0;
       for (std::size_t p = first; p < std::min(first + prefetch_depth_, pass_chunks_->size()); ++p)
@@ -172,6 +175,7 @@ class parameter_fetches {
   dtype type_;
   byte_count gathered_bytes_ = 0;
   std::uint64_t gathers_ahead_ = 0;
+  bool gathers_;  // parameters are sharded over more than one rank
 };
 
 }  // namespace chunkwise

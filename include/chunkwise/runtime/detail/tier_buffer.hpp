@@ -52,6 +52,8 @@ class tier_buffer {
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
+  /// Whether both came from the same tier (so swapping them moves no bytes between budgets).
+  [[nodiscard]] bool same_tier(const tier_buffer& other) const noexcept { return tier_ == other.tier_; }
   void zero() noexcept {
     if (data_ != nullptr) std::memset(data_, 0, bytes_);
   }

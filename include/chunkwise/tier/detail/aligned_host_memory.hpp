@@ -4,6 +4,7 @@
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/tier/concepts.hpp>
+#include <chunkwise/tier/detail/block_cache.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
 
 #include <sys/mman.h>
@@ -32,24 +33,30 @@ class aligned_host_memory {
   aligned_host_memory(std::string_view name, byte_count capacity, std::size_t min_alignment, bool lock_pages)
       : budget_(name, capacity), min_alignment_(min_alignment), lock_pages_(lock_pages) {}
 
+  aligned_host_memory(const aligned_host_memory&) = delete;
+  aligned_host_memory& operator=(const aligned_host_memory&) = delete;
+  ~aligned_host_memory() {
+    freed_.trim(0, [&](void* block, block_cache::key k) { release_block(block, k); });
+  }
+
   void* allocate(byte_count bytes, std::size_t alignment) {
-    alignment = checked_alignment(alignment, min_alignment_, budget_.name());
+    const block_cache::key k = block_key(bytes, checked_alignment(alignment, min_alignment_, budget_.name()));
     budget_.reserve(bytes);
+    if (void* cached = freed_.take(k)) return cached;
+    // The cache keeps in-use plus cached bytes within the peak: make room for this block first.
+    const byte_count in_use = budget_.in_use(), peak = budget_.stats().peak;
+    freed_.trim(peak > in_use ? peak - in_use : 0,
+                [&](void* block, block_cache::key old) { release_block(block, old); });
+    const auto [rounded, aligned] = k;
     void* memory = nullptr;
-    // Large blocks on 2 MiB boundaries, marked for transparent huge pages: fewer TLB misses for copies and fewer
-    // pages for O_DIRECT to pin per request.
-    const bool huge = bytes >= huge_page_bytes;
-    if (huge && alignment < huge_page_bytes) alignment = huge_page_bytes;
-    // posix_memalign wants a size > 0; round to the alignment so O_DIRECT may use the tail of the buffer.
-    const byte_count rounded = round_up(bytes == 0 ? 1 : bytes, alignment);
-    if (const int rc = ::posix_memalign(&memory, alignment, rounded); rc != 0) {
+    if (const int rc = ::posix_memalign(&memory, aligned, rounded); rc != 0) {
       budget_.release(bytes);
       raise(rc == ENOMEM ? error_code::out_of_memory : error_code::invalid_argument,
-            budget_.name() + " tier: posix_memalign(" + std::to_string(alignment) + ", " + std::to_string(rounded) +
+            budget_.name() + " tier: posix_memalign(" + std::to_string(aligned) + ", " + std::to_string(rounded) +
                 ") failed: " + std::strerror(rc) + " (the budget allowed it: " + format_bytes(budget_.in_use()) +
                 " in use of " + format_bytes(budget_.capacity()) + ")");
     }
-    if (huge) (void)::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: fine to fail
+    if (rounded >= huge_page_bytes) (void)::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: fine to fail
     if (lock_pages_ && ::mlock(memory, rounded) != 0) {
       const int e = errno;
       std::free(memory);
@@ -61,24 +68,34 @@ class aligned_host_memory {
     return memory;
   }
 
+  /// The block goes back to the budget at once; its memory is kept for the next allocation of its size.
   void deallocate(void* memory, byte_count bytes, std::size_t alignment) noexcept {
     if (memory == nullptr) return;
-    if (lock_pages_) {
-      std::size_t a = alignment < min_alignment_ ? min_alignment_ : alignment;
-      if (bytes >= huge_page_bytes && a < huge_page_bytes) a = huge_page_bytes;
-      ::munlock(memory, round_up(bytes == 0 ? 1 : bytes, a));
-    }
-    std::free(memory);
+    const block_cache::key k = block_key(bytes, alignment < min_alignment_ ? min_alignment_ : alignment);
     budget_.release(bytes);
+    if (!freed_.keep(k, memory)) release_block(memory, k);
   }
 
   byte_budget& budget() noexcept { return budget_; }
   const byte_budget& budget() const noexcept { return budget_; }
 
  private:
+  // Large blocks on 2 MiB boundaries, marked for transparent huge pages: fewer TLB misses for copies and fewer pages
+  // for O_DIRECT to pin per request. The size is rounded to the alignment (posix_memalign wants a size > 0), so
+  // O_DIRECT may use the tail of the buffer.
+  static block_cache::key block_key(byte_count bytes, std::size_t alignment) noexcept {
+    if (bytes >= huge_page_bytes && alignment < huge_page_bytes) alignment = huge_page_bytes;
+    return {round_up(bytes == 0 ? 1 : bytes, alignment), alignment};
+  }
+  void release_block(void* memory, block_cache::key k) noexcept {
+    if (lock_pages_) ::munlock(memory, k.first);
+    std::free(memory);
+  }
+
   byte_budget budget_;
   std::size_t min_alignment_;
   bool lock_pages_;
+  block_cache freed_;
 };
 
 /// The shared surface of the host-backend tiers: `Space` names the space, `Derived` adds the property friends.
