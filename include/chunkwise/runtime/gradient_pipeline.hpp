@@ -8,6 +8,7 @@
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
@@ -37,9 +38,10 @@ class gradient_pipeline {
 
   gradient_pipeline(chunk_collectives<Collective, Comm>& ops, DeviceTier& device, std::vector<record>& chunks,
                     const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
-                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches, dtype type)
+                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches, dtype type,
+                    unsigned threads = 1)
       : ops_(&ops), device_(&device), chunks_(&chunks), handover_(handover), micro_batches_(micro_batches),
-        type_(type) {
+        type_(type), zeroing_(threads > 1 ? threads - 1 : 0) {
     if (micro_batches_ == 0)
       detail::raise(error_code::invalid_argument, "runtime: micro_batches = 0; give at least 1 forward and backward "
                                                   "per step");
@@ -66,13 +68,14 @@ class gradient_pipeline {
   [[nodiscard]] gradient_handover handover() const noexcept { return handover_; }
   [[nodiscard]] byte_count bytes_reduced() const noexcept { return reduced_bytes_; }
 
-  /// Device memory for a gathered chunk or a gradient accumulator (in the compute type). Past the budget, the accumulators of finished
-  /// reductions go back first (completing the oldest if none has finished); out_of_memory only when none is left.
+  /// Device memory for a gathered chunk or a gradient accumulator (in the compute type), not zeroed. Past the
+  /// budget, the accumulators of finished reductions go back first (completing the oldest if none has finished);
+  /// out_of_memory only when none is left.
   template <class Reduced>
   detail::tier_buffer device_buffer(std::size_t elements, Reduced&& reduced) {
     for (;;) {
       try {
-        return detail::tier_buffer(*device_, elements, type_);
+        return detail::tier_buffer(*device_, elements, type_, detail::tier_buffer::unfilled);
       } catch (const error& e) {
         if (e.code() != error_code::out_of_memory || !complete(/*wait_for_oldest=*/true, reduced)) throw;
       }
@@ -82,7 +85,10 @@ class gradient_pipeline {
   /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
   template <class Reduced>
   void backward_acquire(record& b, Reduced&& reduced) {
-    if (b.gradient.empty()) b.gradient = device_buffer(b.full_elements, reduced);
+    if (b.gradient.empty()) {
+      b.gradient = device_buffer(b.full_elements, reduced);
+      b.gradient.zero(zeroing_);
+    }
   }
 
   /// Profile hand-over: whether releasing `pass` completes chunk b's gradients for this step (its last backward
@@ -122,7 +128,10 @@ class gradient_pipeline {
   /// Chunk b's gradients are complete (grad_pending): reduce them, averaging over ranks, while the trainer goes on.
   template <class Reduced>
   void start(record& b, Reduced&& reduced) {
-    if (b.gradient.empty()) b.gradient = device_buffer(b.full_elements, reduced);  // no backward touched it
+    if (b.gradient.empty()) {  // no backward touched it
+      b.gradient = device_buffer(b.full_elements, reduced);
+      b.gradient.zero(zeroing_);
+    }
     reduced_bytes_ += b.gradient.bytes();
     reducing_.push_back(b.index);
     if (ops_->ranks() == 1 && b.gradient.bytes() == b.owned_gradient.bytes() &&
@@ -185,6 +194,7 @@ class gradient_pipeline {
   std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this step
   std::vector<std::size_t> chunk_ready_;     // and how many per chunk
   std::deque<std::uint32_t> reducing_;       // chunks whose reduction is in flight, oldest first
+  worker_threads zeroing_;                   // with the caller, the threads that zero new accumulators
   byte_count reduced_bytes_ = 0;
 };
 

@@ -4,6 +4,9 @@
 // (mixed-precision parameters and gradients); data<T>() views them as T. Movable, not copyable.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
+#include <chunkwise/core/worker_threads.hpp>
+
+#include <algorithm>
 
 #include <cstddef>
 #include <cstring>
@@ -25,6 +28,17 @@ class tier_buffer {
       data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
       std::memset(data_, 0, bytes_);
     }
+  }
+  /// Left as the tier gives it (not zeroed): the caller fills it, with zero(threads) for one.
+  struct unfilled_t {};
+  static constexpr unfilled_t unfilled{};
+  template <class Tier>
+  tier_buffer(Tier& tier, std::size_t elements, dtype type, unfilled_t)
+      : tier_(&tier), bytes_(elements * size_of(type)) {
+    release_ = [](void* owner, void* block, std::size_t bytes) noexcept {
+      static_cast<Tier*>(owner)->deallocate_sync(block, bytes);
+    };
+    if (bytes_ != 0) data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
   }
   tier_buffer(tier_buffer&& other) noexcept { swap(other); }
   tier_buffer& operator=(tier_buffer&& other) noexcept {
@@ -56,6 +70,14 @@ class tier_buffer {
   [[nodiscard]] bool same_tier(const tier_buffer& other) const noexcept { return tier_ == other.tier_; }
   void zero() noexcept {
     if (data_ != nullptr) std::memset(data_, 0, bytes_);
+  }
+  /// zero() in 1 MiB tiles on `threads` and the caller: a chunk's worth of memset on one core is most of a GPU
+  /// step's host time (gradient accumulators, every step).
+  void zero(worker_threads& threads) noexcept {
+    constexpr std::size_t tile = std::size_t{1} << 20;
+    threads.parallel_for((bytes_ + tile - 1) / tile, [&](std::size_t i) noexcept {
+      std::memset(data_ + i * tile, 0, std::min(tile, bytes_ - i * tile));
+    });
   }
 
  private:
