@@ -5,3 +5,4 @@
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/layout/min_waste.hpp>
 #include <chunkwise/layout/per_tensor.hpp>
+#include <chunkwise/layout/private_chunks.hpp>

@@ -13,6 +13,9 @@
 //   layout_error naming the tensor exactly when one does not fit; per_tensor gives tensor i chunk i of its size
 //   rounded up; min_waste<R, Min, Max> equals next-fit at the smallest capacity of least waste among every
 //   candidate of its range (each one counted), and fails with layout_error exactly when Max leaves no candidate;
+//   private_chunks<R, Min, Max, Sigmas> gives each tied tensor, and each larger than the mean plus Sigmas standard
+//   deviations, a chunk of its size rounded up; packs the rest next-fit, the chunk before a private tensor and the
+//   last one shrunk to what they hold, at the smallest capacity of least waste in its range (each one counted);
 // - bad inputs (no tensors, a tensor of no elements, tensors out of first-use order, 0 ranks, an alignment that is
 //   no power of two) are errors with their code and a message naming the problem;
 // - the same answer in a constant expression as at run time (a static_assert on a small constant profile).
@@ -125,6 +128,53 @@ inline byte_count largest_of(const model_profile& model) {
 }
 inline byte_count round_to(byte_count value, byte_count granule) { return (value + granule - 1) / granule * granule; }
 
+/// private_chunks' rule, written from its documentation: tied tensors, and tensors above mean + sigmas * stddev.
+inline std::vector<bool> private_rule(const model_profile& model, unsigned sigmas) {
+  std::vector<double> sizes;
+  for (const auto& t : model.tensors) sizes.push_back(static_cast<double>(t.elements * size_of(t.type)));
+  double mean = 0, variance = 0;
+  for (const double x : sizes) mean += x / static_cast<double>(sizes.size());
+  for (const double x : sizes) variance += (x - mean) * (x - mean) / static_cast<double>(sizes.size());
+  std::vector<bool> alone;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    alone.push_back(model.tensors[i].tied || sizes[i] > mean + sigmas * std::sqrt(variance));
+  return alone;
+}
+
+/// private_chunks' packing at `capacity`: next-fit of the shared tensors, each private tensor alone in a chunk of its
+/// size (closing the open one), and the chunks no later tensor joins shrunk to their contents; all rounded to shards.
+inline std::vector<expected_chunk> private_fit(const model_profile& model, const std::vector<bool>& alone,
+                                               byte_count capacity, byte_count alignment, byte_count granule) {
+  std::vector<expected_chunk> chunks;
+  bool open = false;
+  const auto shrink = [&] {
+    if (!open) return;
+    const chunk_slot& last = chunks.back().slots.back();
+    chunks.back().capacity = round_to(last.offset + last.bytes, granule);
+  };
+  for (std::uint32_t i = 0; i < model.tensors.size(); ++i) {
+    const byte_count bytes = model.tensors[i].elements * size_of(model.tensors[i].type);
+    if (alone[i]) {
+      shrink();
+      chunks.push_back(expected_chunk{round_to(bytes, granule), model.tensors[i].tied, {chunk_slot{i, 0, bytes}}});
+      open = false;
+      continue;
+    }
+    if (open) {
+      const chunk_slot& last = chunks.back().slots.back();
+      const byte_count offset = round_to(last.offset + last.bytes, alignment);
+      if (offset + bytes <= capacity) {
+        chunks.back().slots.push_back(chunk_slot{i, offset, bytes});
+        continue;
+      }
+    }
+    chunks.push_back(expected_chunk{capacity, false, {chunk_slot{i, 0, bytes}}});
+    open = true;
+  }
+  shrink();
+  return chunks;
+}
+
 /// What the family promises for this input: the map (as next-fit or per-tensor chunks), or the tensor that makes
 /// it fail with layout_error (its name; "" when the failure names no tensor).
 struct promise {
@@ -186,6 +236,24 @@ promise promised(const model_profile& model, const layout_options& options) {
     }
     p.chunks = next_fit(model, least_waste_capacity(model, lowest, highest, granule, options.alignment),
                         options.alignment);
+  } else if constexpr (L::name == "private_chunks") {
+    const auto alone = private_rule(model, L::outlier_sigmas);
+    byte_count shared_largest = 0;
+    for (std::size_t i = 0; i < model.tensors.size(); ++i)
+      if (!alone[i]) shared_largest = std::max(shared_largest, model.tensors[i].elements * size_of(model.tensors[i].type));
+    const byte_count lowest = round_to(std::max(shared_largest, L::min_chunk), granule);
+    byte_count highest = lowest + L::search_range / granule * granule;
+    if (L::max_chunk != 0) highest = std::max(lowest, std::min(highest, L::max_chunk / granule * granule));
+    byte_count best_waste = ~byte_count{0};
+    for (byte_count s = lowest; s <= highest; s += granule) {
+      auto chunks = private_fit(model, alone, s, options.alignment, granule);
+      byte_count total = 0;
+      for (const auto& c : chunks) total += c.capacity;
+      if (total - bytes_of(model) < best_waste) {
+        best_waste = total - bytes_of(model);
+        p.chunks = std::move(chunks);
+      }
+    }
   } else {
     static_assert(L::name == "fixed", "chunk_layout contract: say what this layout family promises");
   }
@@ -260,7 +328,7 @@ inline bool same_chunks(const chunk_map& map, const std::vector<expected_chunk>&
 template <class L>
 byte_count scale_of() {
   if constexpr (L::name == "fixed") return L::requested_bytes;
-  else if constexpr (L::name == "min_waste")
+  else if constexpr (L::name == "min_waste" || L::name == "private_chunks")
     return L::max_chunk != 0 ? L::max_chunk : std::max(L::min_chunk, L::search_range);
   else return 64 * KiB;
 }
@@ -272,7 +340,7 @@ layout_options random_options(std::mt19937_64& rng) {
   layout_options options;
   options.ranks = static_cast<std::uint32_t>(rng() % 5 == 0 ? 8 : 1 + rng() % 4);
   options.alignment = byte_count{1} << (rng() % 10);
-  if constexpr (L::name == "min_waste")
+  if constexpr (L::name == "min_waste" || L::name == "private_chunks")
     while (L::search_range / (byte_count{options.ranks} * options.alignment) > 2048) options.alignment *= 2;
   return options;
 }
@@ -338,7 +406,8 @@ TEST_CASE_TEMPLATE_DEFINE("chunk_layout contract: every tensor once, sizes as pr
   using namespace chunkwise;
   namespace contract = chunkwise::test::layout_contract;
   static_assert(chunk_layout<Layout>);
-  static_assert(Layout::name == "fixed" || Layout::name == "per_tensor" || Layout::name == "min_waste");
+  static_assert(Layout::name == "fixed" || Layout::name == "per_tensor" || Layout::name == "min_waste" ||
+                Layout::name == "private_chunks");
 
   // The constant-expression path: the same summary at compile time as at run time.
   CHECK_MESSAGE(contract::summarizes_at_compile_time<Layout>,

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace chunkwise::layout {
 
@@ -63,14 +64,13 @@ constexpr chunk_size_search min_waste_range(const model_profile& model, const la
   return chunk_size_search{lowest, highest, granule, 0, 0, 0};
 }
 
-/// The exact minimum-waste capacity over the range (see the header comment for the algorithm).
-constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
-                                             chunk_size_search range) {
-  const byte_count tensor_bytes = model.tensor_bytes();
+/// The exact minimum-waste capacity over the range for next-fit over `extents` (holding `tensor_bytes` in all; see
+/// the header comment for the algorithm).
+constexpr chunk_size_search search_min_waste(const std::vector<detail::tensor_extent>& extents,
+                                             byte_count tensor_bytes, chunk_size_search range) {
   const std::uint64_t points = (range.highest - range.lowest) / range.granule;  // grid indices 0..points
   const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.granule; };
 
-  const auto extents = detail::extents_of(model, options.alignment);
   const auto chunks_at = [&](std::uint64_t j, std::uint64_t limit = detail::too_many) {
     return detail::count_chunks(extents, capacity_at(j), limit);
   };
@@ -115,6 +115,12 @@ constexpr chunk_size_search search_min_waste(const model_profile& model, const l
     }
   }
   return range;
+}
+
+/// The exact minimum-waste capacity over the range for the model's tensors.
+constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
+                                             chunk_size_search range) {
+  return search_min_waste(detail::extents_of(model, options.alignment), model.tensor_bytes(), range);
 }
 
 /// The chunk map at the minimum-waste capacity of `range` (from min_waste_range): min_waste's build over a range of

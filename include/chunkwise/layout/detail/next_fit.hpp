@@ -26,6 +26,7 @@ struct tensor_extent {
   byte_count bytes = 0;
   byte_count aligned_bytes = 0;  // bytes rounded up to the alignment
   bool tied = false;
+  bool closes = false;  // not a tensor: closes the open chunk (where a tensor packed elsewhere sits in the order)
 };
 
 constexpr std::vector<tensor_extent> extents_of(const model_profile& model, byte_count alignment) {
@@ -43,6 +44,10 @@ constexpr std::uint64_t count_chunks(const std::vector<tensor_extent>& extents, 
   bool open = false;
   byte_count next_offset = 0;  // aligned offset where the open chunk's next tensor would go
   for (const auto& t : extents) {
+    if (t.closes) {
+      open = false;
+      continue;
+    }
     if (t.tied) {
       open = false;
       if (++count > limit) return count;

@@ -1,0 +1,181 @@
+#pragma once
+// private_chunks<SearchRange, MinChunk, MaxChunk, OutlierSigmas>: chunks of their own for the tensors that would set
+// every chunk's size, and min_waste's exact search over the rest.
+//
+// Under min_waste no chunk may be smaller than the largest tensor, so one outlier decides the grain of the whole
+// model. GPT-2 124M's token embedding is 147 MiB beside 9 MiB layer matrices, which leaves 3 chunks of 165 MiB and
+// nothing for a device cache to stream at a useful grain. Two rules, as Colossal-AI does it:
+// - tied tensors (used at both ends of every iteration) get private chunks, as Elixir's do;
+// - outliers get private chunks too: tensors larger than the mean plus OutlierSigmas standard deviations of the
+//   tensor sizes (Gemini's rule, 3 sigmas by default).
+// A private chunk is sized to its tensor, rounded up to whole shards. The other (shared) tensors pack next-fit in
+// first-use order at the minimum-waste capacity. That capacity is searched from max(largest shared tensor,
+// MinChunk) upwards over SearchRange, and capped at MaxChunk unless a shared tensor is larger. A private tensor
+// closes the open shared chunk, so the chunks still list the tensors in first-use order.
+#include <chunkwise/core/bytes.hpp>
+#include <chunkwise/layout/chunk_map.hpp>
+#include <chunkwise/layout/concepts.hpp>
+#include <chunkwise/layout/detail/next_fit.hpp>
+#include <chunkwise/layout/min_waste.hpp>
+#include <chunkwise/profile/model_profile.hpp>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace chunkwise::layout {
+
+/// 1 for each tensor that gets a chunk of its own: tied, or larger than mean + sigmas * standard deviation of the
+/// tensor sizes (compared squared, so it stays a constant expression).
+constexpr std::vector<unsigned char> private_tensors(const model_profile& model, unsigned sigmas) {
+  const std::size_t n = model.tensors.size();
+  double mean = 0.0, variance = 0.0;
+  for (const auto& t : model.tensors) mean += static_cast<double>(t.bytes());
+  mean /= n == 0 ? 1.0 : static_cast<double>(n);
+  for (const auto& t : model.tensors) variance += (static_cast<double>(t.bytes()) - mean) * (static_cast<double>(t.bytes()) - mean);
+  variance /= n == 0 ? 1.0 : static_cast<double>(n);
+  std::vector<unsigned char> alone(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double above = static_cast<double>(model.tensors[i].bytes()) - mean;
+    alone[i] = model.tensors[i].tied || (above > 0.0 && above * above > double(sigmas) * double(sigmas) * variance);
+  }
+  return alone;
+}
+
+/// Waste of next-fit over `extents` at `capacity` when each segment's last chunk is shrunk to fit (pack_with_private):
+/// the free space of the full chunks, plus alignment padding everywhere.
+constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& extents, byte_count capacity,
+                                  byte_count granule) noexcept {
+  byte_count waste = 0, next = 0, end = 0, used = 0;  // next: the aligned offset of the open chunk's next tensor
+  bool open = false;
+  const auto close = [&](bool full) {
+    if (open) waste += (full ? capacity : round_up(end, granule)) - used;
+    open = false;
+  };
+  for (const auto& t : extents) {
+    if (t.closes) {
+      close(/*full=*/false);
+      continue;
+    }
+    if (open && next + t.bytes <= capacity) {
+      end = next + t.bytes;
+      next += t.aligned_bytes;
+      used += t.bytes;
+      continue;
+    }
+    close(/*full=*/true);
+    open = true;
+    end = t.bytes;
+    next = t.aligned_bytes;
+    used = t.bytes;
+  }
+  close(/*full=*/false);
+  return waste;
+}
+
+/// The shared tensors' capacity: the least waste of pack_with_private (shrunk segment tails included) over capacities
+/// from max(largest shared tensor, min_chunk), rounded to whole shards, to search_range above it, capped at max_chunk
+/// unless a shared tensor is larger. Every multiple of the granule is tried up to 16,384 of them, a coarser grid
+/// beyond (Gemini's own search steps by the hidden size); ties go to the smaller capacity.
+constexpr chunk_size_search shared_chunk_search(const model_profile& model, const layout_options& options,
+                                                const std::vector<unsigned char>& alone, byte_count search_range,
+                                                byte_count min_chunk, byte_count max_chunk) {
+  model_profile shared;  // for the range: the largest shared tensor
+  std::vector<detail::tensor_extent> extents;
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    const byte_count bytes = model.tensors[i].bytes();
+    if (alone[i]) {
+      extents.push_back({0, 0, false, true});
+    } else {
+      shared.tensors.push_back(model.tensors[i]);
+      extents.push_back({bytes, round_up(bytes, options.alignment), false, false});
+    }
+  }
+  auto range = min_waste_range(shared, options, search_range, min_chunk, 0);
+  if (max_chunk != 0) {
+    const byte_count cap = max_chunk / range.granule * range.granule;
+    range.highest = cap < range.lowest ? range.lowest : (cap < range.highest ? cap : range.highest);
+  }
+  constexpr std::uint64_t most_points = 16384;
+  const byte_count step = round_up((range.highest - range.lowest) / most_points + 1, range.granule);
+  range.waste = ~byte_count{0};
+  for (byte_count capacity = range.lowest; capacity <= range.highest; capacity += step) {
+    const byte_count waste = shrunk_waste(extents, capacity, range.granule);
+    if (waste < range.waste) {
+      range.best = capacity;
+      range.waste = waste;
+    }
+  }
+  range.chunk_count = detail::count_chunks(extents, range.best);
+  return range;
+}
+
+/// A shared chunk that no later tensor joins (before a private tensor, or the last) holds no free tail: its capacity
+/// is what it uses, rounded up to whole shards. The others are full: the next tensor did not fit.
+constexpr void shrink_to_fit(chunk& c, const layout_options& options) {
+  const auto& last = c.slots.back();
+  c.capacity = round_up(last.offset + last.bytes, options.granule());
+}
+
+/// Next-fit of the shared tensors at `capacity`, each private tensor alone in a chunk sized to it.
+constexpr chunk_map pack_with_private(const model_profile& model, byte_count capacity, const layout_options& options,
+                                      const std::vector<unsigned char>& alone) {
+  chunk_map map{options, {}, {}};
+  map.locations.resize(model.tensors.size());
+  bool open = false;
+  for (std::uint32_t i = 0; i < model.tensors.size(); ++i) {
+    const auto& t = model.tensors[i];
+    const byte_count bytes = t.bytes();
+    if (!alone[i] && open) {
+      auto& current = map.chunks.back();
+      const auto& last = current.slots.back();
+      const byte_count offset = round_up(last.offset + last.bytes, options.alignment);
+      if (offset + bytes <= capacity) {
+        current.slots.push_back(chunk_slot{i, offset, bytes});
+        map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), offset};
+        continue;
+      }
+    }
+    if (open && alone[i]) shrink_to_fit(map.chunks.back(), options);
+    const byte_count size = alone[i] ? round_up(bytes, options.granule()) : capacity;
+    map.chunks.push_back(chunk{size, {chunk_slot{i, 0, bytes}}, t.tied});
+    map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), 0};
+    open = !alone[i];
+  }
+  if (open) shrink_to_fit(map.chunks.back(), options);
+  return map;
+}
+
+template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 64 * MiB,
+          unsigned OutlierSigmas = 3>
+struct private_chunks {
+  static_assert(MaxChunk == 0 || MaxChunk >= MinChunk, "private_chunks: MaxChunk must be 0 (none) or >= MinChunk");
+  static_assert(OutlierSigmas > 0, "private_chunks: OutlierSigmas must be at least 1");
+  static constexpr std::string_view name = "private_chunks";
+  static constexpr byte_count search_range = SearchRange;
+  static constexpr byte_count min_chunk = MinChunk;
+  static constexpr byte_count max_chunk = MaxChunk;
+  static constexpr unsigned outlier_sigmas = OutlierSigmas;
+
+  /// The shared chunks' capacity, their count and waste (the private chunks not counted).
+  static constexpr chunk_size_search search(const model_profile& model, const layout_options& options) {
+    validate(model);
+    validate(options);
+    return shared_chunk_search(model, options, private_tensors(model, OutlierSigmas), SearchRange, MinChunk,
+                               MaxChunk);
+  }
+  static constexpr chunk_map build(const model_profile& model, const layout_options& options) {
+    validate(model);
+    validate(options);
+    const auto alone = private_tensors(model, OutlierSigmas);
+    const auto shared = shared_chunk_search(model, options, alone, SearchRange, MinChunk, MaxChunk);
+    return pack_with_private(model, shared.best, options, alone);
+  }
+  static constexpr layout_summary summarize(const model_profile& model, const layout_options& options) {
+    return build(model, options).summary();
+  }
+};
+
+static_assert(chunk_layout<private_chunks<>>);
+
+}  // namespace chunkwise::layout
