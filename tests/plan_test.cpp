@@ -326,3 +326,62 @@ TEST_CASE("updates beside backward hide behind it but for the last chunk's share
   CHECK(beside.time.compute == after.time.compute);
   CHECK(beside.time.optimizer == after.time.optimizer);
 }
+
+TEST_CASE("on Elixir's benchmark matrix the search offloads nothing where all fits, and the least Adam work otherwise") {
+  // Elixir's evaluation (Huang et al., 2023): GPT-2-style models of 4B to 20B parameters on 1 to 4 A100 80 GB of a
+  // DGX A100 (NVLink between GPUs, PCIe 4 to a host of 1 TiB), batch 4 to 16 per GPU, sequence 1024, activation
+  // checkpointing, mixed precision. Elixir reports: nothing offloaded where everything fits the GPUs, and optimizer
+  // states offloaded first where it does not. The first holds here. For the second, this cost model disagrees,
+  // and says why: where the CPU's Adam bounds the step, streaming a chunk whole (split<pinned_host>: parameters,
+  // gradients and states off the GPU, 16 bytes per bf16 parameter) frees more GPU memory per parameter left to the
+  // CPU's Adam than offloading its states alone (12 bytes), and the parameters' traffic hides behind compute. So
+  // the property asserted is the one that decides: the chosen plan leaves no more parameters to the CPU's Adam
+  // than the best plan that keeps every parameter resident and offloads states only, and is no slower.
+  std::size_t no_offload = 0, offloaded = 0, streams_instead = 0;
+  for (const auto& base : {gpt_4b, gpt_10b, gpt_20b}) {
+    for (const std::uint32_t batch : {4u, 8u, 16u}) {
+      for (const std::uint32_t gpus : {1u, 2u, 4u}) {
+        auto config = base;
+        config.context = 1024;
+        config.micro_batch = batch;
+        const auto machine = describe_machine({.gpus = gpus, .gpu_memory = 80 * GiB, .host_memory = 1024 * GiB,
+                                               .pcie_bytes_per_second = 25e9, .collective_bytes_per_second = 200e9,
+                                               .gpu_flops_per_second = 200e12, .gpu_memory_bytes_per_second = 2e12,
+                                               .cpu_adam_params_per_second = 2e9});
+        CAPTURE(config.name.str());
+        CAPTURE(batch);
+        CAPTURE(gpus);
+        const auto result = choose<default_plans>(gpt2_profile(config), machine);
+        const auto offloads = [](const prediction& p) { return p.memory.host > 0 || p.memory.nvme > 0; };
+        // bytes of parameters whose Adam runs on the host: offloaded resident chunks, and streamed ones (whose
+        // states follow their home)
+        const auto host_adam_bytes = [](const prediction& p) {
+          return (p.knobs.offloaded_resident_chunks + p.knobs.chunks - p.knobs.resident_chunks) * p.knobs.chunk_bytes;
+        };
+        bool any_on_gpus = false;
+        const prediction* states_only = nullptr;  // the fastest feasible plan with every parameter resident
+        for (const auto& p : result.plans) {
+          any_on_gpus = any_on_gpus || (p.feasible && !offloads(p));
+          if (p.feasible && p.knobs.resident_chunks == p.knobs.chunks &&
+              (states_only == nullptr || p.time.step < states_only->time.step))
+            states_only = &p;
+        }
+        const auto& chosen = result.predicted;
+        if (any_on_gpus) {
+          CHECK_FALSE(offloads(chosen));
+          ++no_offload;
+          continue;
+        }
+        ++offloaded;
+        if (states_only == nullptr) continue;
+        CHECK(host_adam_bytes(chosen) <= host_adam_bytes(*states_only));
+        CHECK(chosen.time.step <= states_only->time.step);
+        if (chosen.knobs.resident_chunks < chosen.knobs.chunks) ++streams_instead;
+      }
+    }
+  }
+  MESSAGE(no_offload << " cases with nothing offloaded, " << offloaded << " with offloading, of which "
+                     << streams_instead << " stream parameters rather than offload states only");
+  CHECK(no_offload > 0);  // the matrix spans both regimes
+  CHECK(offloaded > 0);
+}
