@@ -515,12 +515,32 @@ TEST_CASE("grad_ready is refused where it cannot be meant") {
 }
 
 // default_plans' placement, collective and optimizer policies, with the layout scaled to the tiny model (its
-// min_waste<> starts at 32 MiB chunks: one chunk, and 100 MiB of buffers per rank, for 140 KiB of parameters).
+// min_waste<> starts at 32 MiB chunks: one chunk, and 100 MiB of buffers per rank, for 140 KiB of parameters);
+// private_chunks stays private_chunks, with its range scaled.
+template <class Layout>
+struct test_scale_layout {
+  using type = layout::min_waste<4 * KiB, 0>;
+};
+template <byte_count SearchRange, byte_count MinChunk, byte_count MaxChunk, unsigned Sigmas>
+struct test_scale_layout<layout::private_chunks<SearchRange, MinChunk, MaxChunk, Sigmas>> {
+  // the 32 KiB embedding alone; the other 102 KiB in two chunks of unequal sizes, each pass within two
+  using type = layout::private_chunks<4 * KiB, 48 * KiB, 0, Sigmas>;
+};
 template <class Plan>
-using at_test_scale = plan<layout::min_waste<4 * KiB, 0>, typename Plan::placement, typename Plan::collective,
-                           typename Plan::optimizer_execution>;
+using at_test_scale = plan<typename test_scale_layout<typename Plan::layout>::type, typename Plan::placement,
+                           typename Plan::collective, typename Plan::optimizer_execution>;
 
 TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameters on 1, 2 and 4 ranks") {
+  // private_chunks at test scale: the tied embedding alone in the first chunk, which split keeps resident; the rest
+  // in more chunks than the other 2 blocks hold, so they stream
+  const auto tiny_model = gpt2_profile(gpt2::profile_config(tiny(1)));
+  for (const std::uint32_t ranks : {1u, 2u, 4u}) {
+    const auto map = test_scale_layout<layout::private_chunks<>>::type::build(tiny_model, {.ranks = ranks});
+    CHECK(map.chunks.size() > 3);
+    CHECK(map.chunks[0].slots.size() == 1);
+    CHECK(map.chunks[0].tied);
+    MESSAGE(map.chunks.size() << " chunks at " << ranks << " ranks");
+  }
   const auto nvme = scratch_directory("chunkwise_default_plans_");
   for (std::size_t i = 0; i < default_plans::size; ++i)
     dispatch<default_plans>(i, [&]<class Default>(std::type_identity<Default>) {
@@ -528,7 +548,9 @@ TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameter
       for (const int ranks : {1, 2, 4}) {
         CAPTURE(Plan::name());
         CAPTURE(ranks);
-        check_equal(train<Plan>(ranks, {.device_blocks = 2, .nvme_directory = nvme}).first, reference(ranks));
+        // private_chunks: 3 blocks keep the embedding's chunk resident and stream the other two through 2
+        const std::size_t blocks = Plan::layout::name == "private_chunks" ? 3 : 2;
+        check_equal(train<Plan>(ranks, {.device_blocks = blocks, .nvme_directory = nvme}).first, reference(ranks));
       }
     });
   std::filesystem::remove_all(nvme);

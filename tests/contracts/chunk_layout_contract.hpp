@@ -334,14 +334,16 @@ byte_count scale_of() {
 }
 
 /// Ranks and alignment at random; the alignment raised where a search range would otherwise hold more than 2048
-/// candidates, which the brute force counts one by one.
+/// candidates (min_waste), or more than private_chunks tries one by one (1,024), which the brute force counts.
 template <class L>
 layout_options random_options(std::mt19937_64& rng) {
   layout_options options;
   options.ranks = static_cast<std::uint32_t>(rng() % 5 == 0 ? 8 : 1 + rng() % 4);
   options.alignment = byte_count{1} << (rng() % 10);
-  if constexpr (L::name == "min_waste" || L::name == "private_chunks")
+  if constexpr (L::name == "min_waste")
     while (L::search_range / (byte_count{options.ranks} * options.alignment) > 2048) options.alignment *= 2;
+  if constexpr (L::name == "private_chunks")  // within the range it searches exhaustively
+    while (L::search_range / (byte_count{options.ranks} * options.alignment) >= 1024) options.alignment *= 2;
   return options;
 }
 

@@ -416,7 +416,7 @@ elseif(SUITE STREQUAL "json")
   expect("a chosen plan and no_fit null (${chosen}, ${no_fit_type})"
          chosen_type STREQUAL "STRING" AND no_fit_type STREQUAL "NULL")
   string(JSON n LENGTH "${j}" plans)
-  expect("the default plan set has 8 plans (${n})" n EQUAL 8)
+  expect("the default plan set has 9 plans (${n})" n EQUAL 9)
   math(EXPR last "${n} - 1")
   set(chosen_count 0)
   set(chosen_step "")

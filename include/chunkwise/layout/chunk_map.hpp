@@ -64,6 +64,10 @@ struct layout_summary {
   byte_count total_bytes = 0;   // sum of chunk capacities
   byte_count tensor_bytes = 0;  // sum of tensor sizes
   byte_count waste = 0;         // total_bytes - tensor_bytes: free space and alignment padding
+  // For layouts whose chunks differ in size (private_chunks: the embedding's chunk first): the first chunk's
+  // capacity and the largest of the others. A device cache that keeps chunk 0 resident sizes its blocks to the latter.
+  byte_count first_chunk_bytes = 0;
+  byte_count rest_chunk_bytes = 0;
 
   [[nodiscard]] constexpr double waste_fraction() const noexcept {
     return total_bytes == 0 ? 0.0 : static_cast<double>(waste) / static_cast<double>(total_bytes);
@@ -79,8 +83,11 @@ struct chunk_map {
   [[nodiscard]] constexpr layout_summary summary() const noexcept {
     layout_summary s;
     s.chunk_count = chunks.size();
-    for (const auto& c : chunks) {
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const auto& c = chunks[i];
       s.chunk_bytes = c.capacity > s.chunk_bytes ? c.capacity : s.chunk_bytes;
+      if (i == 0) s.first_chunk_bytes = c.capacity;
+      else s.rest_chunk_bytes = c.capacity > s.rest_chunk_bytes ? c.capacity : s.rest_chunk_bytes;
       s.total_bytes += c.capacity;
       s.tensor_bytes += c.used_bytes();
     }

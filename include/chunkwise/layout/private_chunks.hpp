@@ -42,6 +42,13 @@ constexpr std::vector<unsigned char> private_tensors(const model_profile& model,
   return alone;
 }
 
+/// The capacity search: every candidate when there are at most this many, else a coarse grid and the granule steps
+/// around its best points.
+inline constexpr std::uint64_t exhaustive_capacities = 1024;
+inline constexpr std::uint64_t coarse_capacities = 128;
+inline constexpr std::size_t refined_points = 2;
+inline constexpr std::uint64_t fine_steps = 32;
+
 /// Waste of next-fit over `extents` at `capacity` when each segment's last chunk is shrunk to fit (pack_with_private):
 /// the free space of the full chunks, plus alignment padding everywhere.
 constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& extents, byte_count capacity,
@@ -75,8 +82,9 @@ constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& exte
 
 /// The shared tensors' capacity: the least waste of pack_with_private (shrunk segment tails included) over capacities
 /// from max(largest shared tensor, min_chunk), rounded to whole shards, to search_range above it, capped at max_chunk
-/// unless a shared tensor is larger. Every multiple of the granule is tried up to 16,384 of them, a coarser grid
-/// beyond (Gemini's own search steps by the hidden size); ties go to the smaller capacity.
+/// unless a shared tensor is larger. Every multiple of the granule is tried up to 1,024 of them; beyond, a grid of 256
+/// and the neighbourhoods of its 4 best points at finer steps (Gemini's own search steps by the hidden size). Ties
+/// go to the smaller capacity.
 constexpr chunk_size_search shared_chunk_search(const model_profile& model, const layout_options& options,
                                                 const std::vector<unsigned char>& alone, byte_count search_range,
                                                 byte_count min_chunk, byte_count max_chunk) {
@@ -96,14 +104,44 @@ constexpr chunk_size_search shared_chunk_search(const model_profile& model, cons
     const byte_count cap = max_chunk / range.granule * range.granule;
     range.highest = cap < range.lowest ? range.lowest : (cap < range.highest ? cap : range.highest);
   }
-  constexpr std::uint64_t most_points = 16384;
-  const byte_count step = round_up((range.highest - range.lowest) / most_points + 1, range.granule);
   range.waste = ~byte_count{0};
-  for (byte_count capacity = range.lowest; capacity <= range.highest; capacity += step) {
+  const auto try_capacity = [&](byte_count capacity) {
     const byte_count waste = shrunk_waste(extents, capacity, range.granule);
-    if (waste < range.waste) {
+    if (waste < range.waste || (waste == range.waste && capacity < range.best)) {
       range.best = capacity;
       range.waste = waste;
+    }
+  };
+  const std::uint64_t candidates = (range.highest - range.lowest) / range.granule + 1;
+  if (candidates <= exhaustive_capacities) {
+    for (byte_count capacity = range.lowest; capacity <= range.highest; capacity += range.granule)
+      try_capacity(capacity);
+  } else {
+    // A coarse grid, then every granule step around its best points (cheap enough for a constant expression).
+    const byte_count coarse = (range.highest - range.lowest) / coarse_capacities / range.granule * range.granule;
+    byte_count best[refined_points] = {};
+    byte_count best_waste[refined_points] = {};
+    for (auto& w : best_waste) w = ~byte_count{0};
+    for (byte_count capacity = range.lowest; capacity <= range.highest; capacity += coarse) {
+      byte_count waste = shrunk_waste(extents, capacity, range.granule);
+      byte_count at = capacity;
+      for (std::size_t k = 0; k < refined_points; ++k)  // keep the refined_points least wasteful, in order
+        if (waste < best_waste[k]) {
+          const byte_count w = best_waste[k], c = best[k];
+          best_waste[k] = waste;
+          best[k] = at;
+          waste = w;
+          at = c;
+        }
+    }
+    const byte_count fine = coarse / range.granule > 2 * fine_steps ? coarse / (2 * fine_steps) / range.granule *
+                                                                          range.granule
+                                                                    : range.granule;
+    for (std::size_t k = 0; k < refined_points; ++k) {
+      if (best_waste[k] == ~byte_count{0}) continue;
+      const byte_count from = best[k] > range.lowest + coarse ? best[k] - coarse : range.lowest;
+      const byte_count to = best[k] + coarse < range.highest ? best[k] + coarse : range.highest;
+      for (byte_count capacity = from; capacity <= to; capacity += fine) try_capacity(capacity);
     }
   }
   range.chunk_count = detail::count_chunks(extents, range.best);

@@ -70,6 +70,11 @@ struct chunk_shares {
   byte_count gradient = 0;       // cg
   byte_count state = 0;          // co
   byte_count gather_working = 0; // one gathered parameter chunk (0 when parameters are not sharded)
+  // cp of the first chunk, of the largest other one, and the others' average: a device cache that keeps a prefix of
+  // chunks resident holds those at their sizes and sizes its blocks to the largest streamed chunk
+  byte_count first_parameter = 0;
+  byte_count rest_parameter = 0;
+  byte_count rest_average_parameter = 0;
   byte_count gradient_working = 0;
   // What the model contributes, computed once here rather than in every evaluation of the search:
   double state_bytes_per_element = 0;  // optimizer state bytes per parameter element
@@ -98,6 +103,14 @@ constexpr chunk_shares shares_of(const model_profile& model, const layout_summar
   s.parameter = div_ceil(Collective::bytes_per_rank(tensor_role::parameter, s.average_bytes, n, ranks), n);
   s.gradient = div_ceil(Collective::bytes_per_rank(tensor_role::gradient, s.average_bytes, n, ranks), n);
   s.state = div_ceil(Collective::bytes_per_rank(tensor_role::optimizer_state, state_chunk, n, ranks), n);
+  const auto share = [&](byte_count chunk) {  // cp of a chunk of this capacity, in proportion to the average's
+    return s.average_bytes == 0 ? 0 : static_cast<byte_count>(static_cast<double>(chunk) *
+                                                              static_cast<double>(s.parameter) /
+                                                              static_cast<double>(s.average_bytes));
+  };
+  s.first_parameter = share(layout.first_chunk_bytes);
+  s.rest_parameter = share(layout.rest_chunk_bytes);
+  s.rest_average_parameter = n > 1 ? share(div_ceil(layout.total_bytes - layout.first_chunk_bytes, n - 1)) : 0;
   // One rank's shard is the whole chunk: nothing to gather.
   s.gather_working = ranks > 1 ? Collective::working_bytes(tensor_role::parameter, s.chunk_bytes, ranks) : 0;
   const byte_count gradient_working = Collective::working_bytes(tensor_role::gradient, s.chunk_bytes, ranks);
@@ -122,6 +135,15 @@ constexpr memory_use predict_memory(const machine_profile& machine,
 
   memory_use m;
   m.device_parameters = placement::device_bytes(s.parameter, n, b);
+  if constexpr (placement::uses_device_cache) {
+    // Chunks of different sizes: the runtime keeps chunks [0, resident) at their own sizes and sizes the cache's
+    // blocks to the largest streamed chunk (the largest of all when chunk 0 streams too).
+    if (streamed > 0 && s.rest_parameter != s.first_parameter) {
+      const byte_count kept = resident == 0 ? 0 : s.first_parameter + (resident - 1) * s.rest_average_parameter;
+      const byte_count block = resident == 0 ? std::max(s.first_parameter, s.rest_parameter) : s.rest_parameter;
+      m.device_parameters = kept + (std::min<std::uint64_t>(b, s.chunks) - resident) * block;
+    }
+  }
   m.device_working = s.gather_working * (trace.widest_pass + 1) + 2 * s.gradient_working;
   m.device_optimizer = (resident - offloaded) * (s.gradient + s.state);
   m.device_activations = s.activation_bytes;

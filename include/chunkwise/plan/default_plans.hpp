@@ -1,12 +1,15 @@
 #pragma once
 // The plan set chunkwise-plan and the example trainer carry: data parallel, ZeRO-2, ZeRO-3, ZeRO-Offload, partial
 // optimizer offload, a device cache over pinned host homes (Gemini/Elixir), resident-prefix streaming, and NVMe homes
-// (ZeRO-Infinity). The search picks among them; --plan forces one.
+// (ZeRO-Infinity); last, Elixir's private chunks: the tied embedding in a chunk of its own, kept resident by the split
+// placement (it is used at both ends of every step), the rest streamed in chunks of at most 64 MiB. The search picks
+// among them; --plan forces one.
 #include <chunkwise/collective/hybrid.hpp>
 #include <chunkwise/collective/replicated.hpp>
 #include <chunkwise/collective/shard_grads.hpp>
 #include <chunkwise/collective/sharded.hpp>
 #include <chunkwise/layout/min_waste.hpp>
+#include <chunkwise/layout/private_chunks.hpp>
 #include <chunkwise/placement/cached.hpp>
 #include <chunkwise/placement/resident.hpp>
 #include <chunkwise/placement/split.hpp>
@@ -23,6 +26,7 @@ using default_plans =
              plan<layout::min_waste<>, resident, shard_grads, optimizer_offload<space::pinned_host>>,
              plan<layout::min_waste<>, cached<space::pinned_host>, sharded, optimizer_follows_home>,
              plan<layout::min_waste<>, split<space::pinned_host>, sharded, optimizer_follows_home>,
-             plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>>;
+             plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>,
+             plan<layout::private_chunks<>, split<space::pinned_host>, sharded, optimizer_follows_home>>;
 
 }  // namespace chunkwise

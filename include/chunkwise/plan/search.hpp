@@ -114,6 +114,23 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
       if constexpr (requires { placement::stream_blocks; })
         fewest_blocks = std::max<std::uint64_t>(fewest_blocks, placement::stream_blocks);
       fewest_blocks = std::min(fewest_blocks, n);
+      // and as many as keep every pass's streamed chunks within the blocks left for streaming (a split placement's
+      // stream blocks are fixed; more blocks keep more chunks resident, so the predicate is monotone, and n blocks
+      // keep every chunk resident)
+      const auto passes_fit = [&](std::uint64_t blocks) {
+        const std::uint64_t kept =
+            placement::resident_chunks(static_cast<std::size_t>(n), static_cast<std::size_t>(blocks));
+        return kept == n ||
+               detail::count_fetches(trace, static_cast<std::uint32_t>(kept), blocks - kept) != ~std::uint64_t{0};
+      };
+      if (!passes_fit(fewest_blocks)) {
+        std::uint64_t low = fewest_blocks, high = n;
+        while (high - low > 1) {
+          const std::uint64_t mid = low + (high - low) / 2;
+          (passes_fit(mid) ? high : low) = mid;
+        }
+        fewest_blocks = high;
+      }
     }
     const bool searched_fraction = execution::min_offload_fraction < execution::max_offload_fraction;
     const int fraction_points = searched_fraction ? 8 : 0;  // fractions 0, 1/8, ..., 1 when searched
