@@ -303,7 +303,8 @@ std::vector<layout_row> run_layouts(const model_profile& model, const layout_opt
   return {run_layout<layout::fixed<64 * MiB>>("fixed<64 MiB>", model, layout_opts),
           run_layout<layout::fixed<256 * MiB>>("fixed<256 MiB>", model, layout_opts),
           run_layout<layout::min_waste<>>("min_waste<>", model, layout_opts),
-          run_layout<layout::per_tensor>("per_tensor", model, layout_opts)};
+          run_layout<layout::per_tensor>("per_tensor", model, layout_opts),
+          run_layout<layout::private_chunks<>>("private_chunks<>", model, layout_opts)};
 }
 
 void print_tensors(const model_profile& model) {
