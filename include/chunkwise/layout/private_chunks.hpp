@@ -148,40 +148,11 @@ constexpr chunk_size_search shared_chunk_search(const model_profile& model, cons
   return range;
 }
 
-/// A shared chunk that no later tensor joins (before a private tensor, or the last) holds no free tail: its capacity
-/// is what it uses, rounded up to whole shards. The others are full: the next tensor did not fit.
-constexpr void shrink_to_fit(chunk& c, const layout_options& options) {
-  const auto& last = c.slots.back();
-  c.capacity = round_up(last.offset + last.bytes, options.granule());
-}
-
-/// Next-fit of the shared tensors at `capacity`, each private tensor alone in a chunk sized to it.
+/// Next-fit of the shared tensors at `capacity`, each private tensor alone in a chunk sized to it, the chunks no
+/// later tensor joins shrunk to fit.
 constexpr chunk_map pack_with_private(const model_profile& model, byte_count capacity, const layout_options& options,
                                       const std::vector<unsigned char>& alone) {
-  chunk_map map{options, {}, {}};
-  map.locations.resize(model.tensors.size());
-  bool open = false;
-  for (std::uint32_t i = 0; i < model.tensors.size(); ++i) {
-    const auto& t = model.tensors[i];
-    const byte_count bytes = t.bytes();
-    if (!alone[i] && open) {
-      auto& current = map.chunks.back();
-      const auto& last = current.slots.back();
-      const byte_count offset = round_up(last.offset + last.bytes, options.alignment);
-      if (offset + bytes <= capacity) {
-        current.slots.push_back(chunk_slot{i, offset, bytes});
-        map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), offset};
-        continue;
-      }
-    }
-    if (open && alone[i]) shrink_to_fit(map.chunks.back(), options);
-    const byte_count size = alone[i] ? round_up(bytes, options.granule()) : capacity;
-    map.chunks.push_back(chunk{size, {chunk_slot{i, 0, bytes}}, t.tied});
-    map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), 0};
-    open = !alone[i];
-  }
-  if (open) shrink_to_fit(map.chunks.back(), options);
-  return map;
+  return detail::pack(model, capacity, options, [&](std::uint32_t i) { return alone[i] != 0; }, true);
 }
 
 template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 64 * MiB,

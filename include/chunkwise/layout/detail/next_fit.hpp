@@ -64,15 +64,26 @@ constexpr std::uint64_t count_chunks(const std::vector<tensor_extent>& extents, 
   return count;
 }
 
-/// The chunk map of next-fit at `capacity` (a multiple of options.granule(), >= the largest tensor).
-constexpr chunk_map pack(const model_profile& model, byte_count capacity, const layout_options& options) {
+/// A chunk that no later tensor joins holds no free tail: its capacity shrinks to what it uses, in whole shards.
+constexpr void shrink_to_fit(chunk& c, const layout_options& options) {
+  const auto& last = c.slots.back();
+  c.capacity = round_up(last.offset + last.bytes, options.granule());
+}
+
+/// Next-fit at `capacity` (a multiple of options.granule(), >= the largest tensor that is not alone). A tensor for
+/// which alone(i) holds closes the open chunk and gets one of its own: of `capacity`, or with `own_sizes` of its
+/// own size rounded up to whole shards, the chunks before it and the last one shrunk to fit (private_chunks).
+template <class Alone>
+constexpr chunk_map pack(const model_profile& model, byte_count capacity, const layout_options& options,
+                         Alone&& alone, bool own_sizes) {
   chunk_map map{options, {}, {}};
   map.locations.resize(model.tensors.size());
   bool open = false;
   for (std::uint32_t i = 0; i < model.tensors.size(); ++i) {
     const auto& t = model.tensors[i];
     const byte_count bytes = t.bytes();
-    if (!t.tied && open) {
+    const bool by_itself = alone(i);
+    if (!by_itself && open) {
       auto& current = map.chunks.back();
       const auto& last = current.slots.back();
       const byte_count offset = round_up(last.offset + last.bytes, options.alignment);
@@ -82,11 +93,19 @@ constexpr chunk_map pack(const model_profile& model, byte_count capacity, const 
         continue;
       }
     }
-    map.chunks.push_back(chunk{capacity, {chunk_slot{i, 0, bytes}}, t.tied});
+    if (own_sizes && open && by_itself) shrink_to_fit(map.chunks.back(), options);
+    const byte_count size = own_sizes && by_itself ? round_up(bytes, options.granule()) : capacity;
+    map.chunks.push_back(chunk{size, {chunk_slot{i, 0, bytes}}, t.tied});
     map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), 0};
-    open = !t.tied;
+    open = !by_itself;
   }
+  if (own_sizes && open) shrink_to_fit(map.chunks.back(), options);
   return map;
+}
+
+/// The chunk map of next-fit at `capacity` (a multiple of options.granule(), >= the largest tensor).
+constexpr chunk_map pack(const model_profile& model, byte_count capacity, const layout_options& options) {
+  return pack(model, capacity, options, [&](std::uint32_t i) { return model.tensors[i].tied; }, false);
 }
 
 /// Throws layout_error when `capacity` cannot hold the largest tensor.
