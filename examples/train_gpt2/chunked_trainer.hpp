@@ -27,11 +27,13 @@ namespace gpt2 {
 
 /// The plans the example trains under: resident chunks (data parallel, ZeRO-2, ZeRO-3; optimizer states on the device,
 /// partly or wholly offloaded to pinned host memory) and chunks streamed through a device cache from pinned host
-/// memory (Gemini-style, and with a resident prefix) or from NVMe files (ZeRO-Infinity-style); and, for processes on
+/// memory (Gemini-style, and with a resident prefix) or from NVMe files (ZeRO-Infinity-style); Elixir's private chunks
+/// (the tied embedding alone and resident, the rest streamed in chunks of at most 64 MiB); and, for processes on
 /// several machines, hybrid<G> (ZeRO-3 inside groups of G ranks, replicated across them: G the processes per
 /// machine keeps gathers and reduce-scatters off the link between machines), last so that sharded wins a tie.
 namespace plans {
 using chunks = chunkwise::layout::min_waste<1 * chunkwise::MiB, 0>;
+using private_chunks = chunkwise::layout::private_chunks<>;  // shared chunks of 32 to 64 MiB: a pass spans two
 using chunkwise::cached, chunkwise::split, chunkwise::resident;
 using chunkwise::replicated, chunkwise::shard_grads, chunkwise::sharded, chunkwise::hybrid;
 using chunkwise::optimizer_follows_home, chunkwise::optimizer_auto, chunkwise::optimizer_offload;
@@ -49,6 +51,7 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::cached<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::cached<plans::nvme>, plans::sharded, plans::optimizer_follows_home>,
+    chunkwise::plan<plans::private_chunks, plans::split<plans::pinned>, plans::sharded, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<2>, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<4>, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<8>, plans::optimizer_follows_home>>;

@@ -135,26 +135,36 @@ constexpr memory_use predict_memory(const machine_profile& machine,
 
   memory_use m;
   m.device_parameters = placement::device_bytes(s.parameter, n, b);
+  // Per-chunk shares are the average chunk's. Where chunks differ in size and some stream, the runtime keeps chunks
+  // [0, resident) at their own sizes (private_chunks: the embedding's first) and sizes the cache's blocks to the
+  // largest streamed chunk (the largest of all when chunk 0 streams too); the resident chunks' gradients and states
+  // scale with their sizes, in average chunks `resident_share`, and the streamed ones' with the rest.
+  double resident_share = static_cast<double>(resident);
   if constexpr (placement::uses_device_cache) {
-    // Chunks of different sizes: the runtime keeps chunks [0, resident) at their own sizes and sizes the cache's
-    // blocks to the largest streamed chunk (the largest of all when chunk 0 streams too).
     if (streamed > 0 && s.rest_parameter != s.first_parameter) {
       const byte_count kept = resident == 0 ? 0 : s.first_parameter + (resident - 1) * s.rest_average_parameter;
       const byte_count block = resident == 0 ? std::max(s.first_parameter, s.rest_parameter) : s.rest_parameter;
       m.device_parameters = kept + (std::min<std::uint64_t>(b, s.chunks) - resident) * block;
+      if (s.parameter > 0) resident_share = static_cast<double>(kept) / static_cast<double>(s.parameter);
     }
   }
-  m.device_working = s.gather_working * (trace.widest_pass + 1) + 2 * s.gradient_working;
-  m.device_optimizer = (resident - offloaded) * (s.gradient + s.state);
+  const double streamed_share = static_cast<double>(s.chunks) - resident_share;
+  const auto times = [](double count, byte_count bytes) {
+    return static_cast<byte_count>(count * static_cast<double>(bytes) + 0.5);
+  };
+  m.device_working = s.gather_working * (trace.widest_pass + 1) +
+                     std::max<std::uint64_t>(2, trace.live_gradients) * s.gradient_working;
+  m.device_optimizer = times(resident_share - static_cast<double>(offloaded), s.gradient + s.state);
   m.device_activations = s.activation_bytes;
   m.device = m.device_parameters + m.device_working + m.device_optimizer + m.device_activations;
 
   // Gradients always pass through host memory on their way to a host-side update; states stay where their space is.
   const bool streamed_states_on_nvme = detail::on_nvme<typename placement::home_space>;
   const bool offloaded_states_on_nvme = detail::on_nvme<typename execution::offload_space>;
-  byte_count host = placement::host_bytes(s.parameter, n, b) + (streamed + offloaded) * s.gradient;
+  byte_count host = placement::host_bytes(s.parameter, n, b) + times(streamed_share, s.gradient) +
+                    offloaded * s.gradient;
   byte_count nvme = placement::nvme_bytes(s.parameter, n, b);
-  (streamed_states_on_nvme ? nvme : host) += streamed * s.state;
+  (streamed_states_on_nvme ? nvme : host) += times(streamed_share, s.state);
   (offloaded_states_on_nvme ? nvme : host) += offloaded * s.state;
   m.host = ranks * host;
   m.nvme = ranks * nvme;

@@ -13,6 +13,9 @@ namespace chunkwise::detail {
 struct chunk_trace {
   std::vector<std::vector<std::uint32_t>> passes;  // chunk ids each pass touches, without repeats
   std::uint64_t widest_pass = 0;                   // most chunks one pass needs at once
+  // Most gradient accumulators alive at once in backward: a chunk's lives from its first backward pass to its last
+  // (a tied embedding's through all of backward), one more while the previous chunk's reduction is in flight.
+  std::uint64_t live_gradients = 0;
 };
 
 constexpr chunk_trace trace_chunks(const model_profile& model, const chunk_map& map) {
@@ -25,6 +28,20 @@ constexpr chunk_trace trace_chunks(const model_profile& model, const chunk_map& 
     }
     trace.widest_pass = std::max<std::uint64_t>(trace.widest_pass, chunks.size());
     trace.passes.push_back(std::move(chunks));
+  }
+  constexpr std::size_t none = ~std::size_t{0};
+  std::vector<std::size_t> first(map.chunks.size(), none), last(map.chunks.size(), none);
+  for (std::size_t p = 0; p < model.passes.size(); ++p)
+    if (model.passes[p].kind == pass_kind::backward)
+      for (const auto c : trace.passes[p]) {
+        if (first[c] == none) first[c] = p;
+        last[c] = p;
+      }
+  for (std::size_t p = 0; p < model.passes.size(); ++p) {
+    if (model.passes[p].kind != pass_kind::backward) continue;
+    std::uint64_t live = 1;  // the reduction in flight
+    for (std::size_t c = 0; c < first.size(); ++c) live += first[c] != none && first[c] <= p && p <= last[c] ? 1 : 0;
+    trace.live_gradients = std::max(trace.live_gradients, live);
   }
   return trace;
 }
