@@ -71,7 +71,8 @@ else
   stamp "configure (NCCL: ${nccl[*]:-toolkit})"
   cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF -DCHUNKWISE_URING=OFF -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    "${nccl[@]}" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; cp "$logs/configure.log" "$out/"; exit 1; }
+    "${nccl[@]}" > "$logs/configure.log" 2>&1 ||
+    { tail -30 "$logs/configure.log"; cp "$logs/configure.log" "$out/"; exit 1; }
   targets=$(ninja -C build/device -t targets all | grep -o '^chunkwise_cuda_[a-z0-9_]*_test' | sort -u | tr '\n' ' ')
   # QUICK=1: the trainer's passes only (their test, the runs, PyTorch), for a short device call
   [ -n "${QUICK:-}" ] && targets=chunkwise_cuda_gpt2_device_test
@@ -123,7 +124,8 @@ memcheck_tests=${MEMCHECK_TESTS-chunkwise_cuda_gpt2_device_test $targets}
 for test in $memcheck_tests; do
   left=$(( deadline - $(date +%s) ))
   if (( left < 20 )); then echo "SKIP $test (memcheck: past the deadline)"; continue; fi
-  if timeout "$left" "$sanitizer" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 "$bin/tests/cuda/$test" \
+  if timeout "$left" "$sanitizer" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 \
+      "$bin/tests/cuda/$test" \
       > "$logs/memcheck_$test.log" 2>&1; then echo "PASS $test (memcheck)"
   else echo "FAIL $test (memcheck, rc $?)"; tail -25 "$logs/memcheck_$test.log"; fi
 done | awk '!seen[$0]++' | tee -a "$logs/tests.txt"

@@ -212,8 +212,9 @@ class staging_pipe {
 inline float* raw(buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline const float* raw(const buffer& b) { return thrust::raw_pointer_cast(b.data()); }
 inline void zero(float* p, index n) {
-  device_kernels::kernel_times::instance().time("zero",
-                                                [&] { thrust::fill_n(device_kernels::device_policy(), thrust::device_pointer_cast(p), n, 0.0f); });
+  device_kernels::kernel_times::instance().time("zero", [&] {
+    thrust::fill_n(device_kernels::device_policy(), thrust::device_pointer_cast(p), n, 0.0f);
+  });
 }
 inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size()); }
 

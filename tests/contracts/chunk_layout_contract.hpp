@@ -240,7 +240,8 @@ promise promised(const model_profile& model, const layout_options& options) {
     const auto alone = private_rule(model, L::outlier_sigmas);
     byte_count shared_largest = 0;
     for (std::size_t i = 0; i < model.tensors.size(); ++i)
-      if (!alone[i]) shared_largest = std::max(shared_largest, model.tensors[i].elements * size_of(model.tensors[i].type));
+      if (!alone[i])
+        shared_largest = std::max(shared_largest, model.tensors[i].elements * size_of(model.tensors[i].type));
     const byte_count lowest = round_to(std::max(shared_largest, L::min_chunk), granule);
     byte_count highest = lowest + L::search_range / granule * granule;
     if (L::max_chunk != 0) highest = std::max(lowest, std::min(highest, L::max_chunk / granule * granule));

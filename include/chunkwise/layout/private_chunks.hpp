@@ -32,7 +32,10 @@ constexpr std::vector<unsigned char> private_tensors(const model_profile& model,
   double mean = 0.0, variance = 0.0;
   for (const auto& t : model.tensors) mean += static_cast<double>(t.bytes());
   mean /= n == 0 ? 1.0 : static_cast<double>(n);
-  for (const auto& t : model.tensors) variance += (static_cast<double>(t.bytes()) - mean) * (static_cast<double>(t.bytes()) - mean);
+  for (const auto& t : model.tensors) {
+    const double off = static_cast<double>(t.bytes()) - mean;
+    variance += off * off;
+  }
   variance /= n == 0 ? 1.0 : static_cast<double>(n);
   std::vector<unsigned char> alone(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
