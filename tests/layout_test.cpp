@@ -199,7 +199,7 @@ TEST_CASE("private_chunks: the tied embedding alone, shared chunks at most 64 Mi
     gpt2_config config;
     std::uint64_t shared_chunks_at_least;
     bool waste_at_most_gemini;  // false where it is not: 124M wastes 6.0 MiB to Gemini's 3.0 (2 chunks of 165 MiB),
-                                // 1558M 33.5 to 33.15 (29 of 196 MiB): fewer, larger chunks have fewer tails
+                                // 1558M 33.7 to 33.15 (29 of 196 MiB): fewer, larger chunks have fewer tails
   };
   for (const auto& [config, shared_at_least, beats_gemini] :
        {expected{gpt2_124m, 7, false}, expected{gpt2_355m, 20, true}, expected{gpt2_774m, 50, true},

@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <string_view>
-#include <vector>
 
 namespace chunkwise::layout {
 
@@ -34,10 +33,10 @@ struct chunk_size_search {
   byte_count waste = 0;
 };
 
-/// The search range of min_waste with these knobs (throws when the largest tensor exceeds max_chunk, or a knob
-/// exceeds max_profile_bytes). Expects a validated model and options.
-constexpr chunk_size_search min_waste_range(const model_profile& model, const layout_options& options,
-                                            byte_count search_range, byte_count min_chunk, byte_count max_chunk) {
+/// The capacities from max(largest, min_chunk), rounded up to the granule, to search_range above it: the search range
+/// with no maximum (throws when a knob exceeds max_profile_bytes).
+constexpr chunk_size_search capacity_range(byte_count largest, const layout_options& options, byte_count search_range,
+                                           byte_count min_chunk) {
   // Knobs beyond the most a profile can hold (validate) are nonsense, and would wrap the rounding and the range's end.
   if (search_range > max_profile_bytes || min_chunk > max_profile_bytes)
     chunkwise::detail::raise(error_code::invalid_argument,
@@ -45,9 +44,17 @@ constexpr chunk_size_search min_waste_range(const model_profile& model, const la
                                  format_bytes(min_chunk) + " must each be at most " +
                                  format_bytes(max_profile_bytes));
   const byte_count granule = options.granule();
-  const byte_count largest = model.largest_tensor_bytes();
   const byte_count lowest = round_up(largest > min_chunk ? largest : min_chunk, granule);
-  byte_count highest = lowest + search_range / granule * granule;
+  return chunk_size_search{lowest, lowest + search_range / granule * granule, granule, 0, 0, 0};
+}
+
+/// The search range of min_waste with these knobs (throws when the largest tensor exceeds max_chunk, or a knob
+/// exceeds max_profile_bytes). Expects a validated model and options.
+constexpr chunk_size_search min_waste_range(const model_profile& model, const layout_options& options,
+                                            byte_count search_range, byte_count min_chunk, byte_count max_chunk) {
+  const byte_count largest = model.largest_tensor_bytes();
+  auto range = capacity_range(largest, options, search_range, min_chunk);
+  const byte_count granule = range.granule, lowest = range.lowest;
   if (max_chunk != 0) {
     if (largest > max_chunk)
       detail::require_fits(model, max_chunk, "min_waste (max chunk " + format_bytes(max_chunk) + ")");
@@ -59,18 +66,19 @@ constexpr chunk_size_search min_waste_range(const model_profile& model, const la
                                    " bytes for " + std::to_string(options.ranks) + " ranks) but the maximum is " +
                                    format_bytes(max_chunk) + "; raise the maximum to at least " +
                                    format_bytes(lowest));
-    highest = highest < cap ? highest : cap;
+    range.highest = range.highest < cap ? range.highest : cap;
   }
-  return chunk_size_search{lowest, highest, granule, 0, 0, 0};
+  return range;
 }
 
-/// The exact minimum-waste capacity over the range for next-fit over `extents` (holding `tensor_bytes` in all; see
-/// the header comment for the algorithm).
-constexpr chunk_size_search search_min_waste(const std::vector<detail::tensor_extent>& extents,
-                                             byte_count tensor_bytes, chunk_size_search range) {
+/// The exact minimum-waste capacity over the range (see the header comment for the algorithm).
+constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
+                                             chunk_size_search range) {
+  const byte_count tensor_bytes = model.tensor_bytes();
   const std::uint64_t points = (range.highest - range.lowest) / range.granule;  // grid indices 0..points
   const auto capacity_at = [&](std::uint64_t j) { return range.lowest + j * range.granule; };
 
+  const auto extents = detail::extents_of(model, options.alignment);
   const auto chunks_at = [&](std::uint64_t j, std::uint64_t limit = detail::too_many) {
     return detail::count_chunks(extents, capacity_at(j), limit);
   };
@@ -115,12 +123,6 @@ constexpr chunk_size_search search_min_waste(const std::vector<detail::tensor_ex
     }
   }
   return range;
-}
-
-/// The exact minimum-waste capacity over the range for the model's tensors.
-constexpr chunk_size_search search_min_waste(const model_profile& model, const layout_options& options,
-                                             chunk_size_search range) {
-  return search_min_waste(detail::extents_of(model, options.alignment), model.tensor_bytes(), range);
 }
 
 /// The chunk map at the minimum-waste capacity of `range` (from min_waste_range): min_waste's build over a range of

@@ -85,24 +85,24 @@ constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& exte
 
 /// The shared tensors' capacity: the least waste of pack_with_private (shrunk segment tails included) over capacities
 /// from max(largest shared tensor, min_chunk), rounded to whole shards, to search_range above it, capped at max_chunk
-/// unless a shared tensor is larger. Every multiple of the granule is tried up to 1,024 of them; beyond, a grid of 256
-/// and the neighbourhoods of its 4 best points at finer steps (Gemini's own search steps by the hidden size). Ties
-/// go to the smaller capacity.
+/// unless a shared tensor is larger. Every multiple of the granule is tried up to exhaustive_capacities of them;
+/// beyond, a grid of coarse_capacities and the neighbourhoods of its refined_points best points at finer steps
+/// (Gemini's own search steps by the hidden size). Ties go to the smaller capacity.
 constexpr chunk_size_search shared_chunk_search(const model_profile& model, const layout_options& options,
                                                 const std::vector<unsigned char>& alone, byte_count search_range,
                                                 byte_count min_chunk, byte_count max_chunk) {
-  model_profile shared;  // for the range: the largest shared tensor
+  byte_count largest_shared = 0;
   std::vector<detail::tensor_extent> extents;
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     const byte_count bytes = model.tensors[i].bytes();
     if (alone[i]) {
       extents.push_back({0, 0, false, true});
     } else {
-      shared.tensors.push_back(model.tensors[i]);
+      largest_shared = bytes > largest_shared ? bytes : largest_shared;
       extents.push_back({bytes, round_up(bytes, options.alignment), false, false});
     }
   }
-  auto range = min_waste_range(shared, options, search_range, min_chunk, 0);
+  auto range = capacity_range(largest_shared, options, search_range, min_chunk);
   if (max_chunk != 0) {
     const byte_count cap = max_chunk / range.granule * range.granule;
     range.highest = cap < range.lowest ? range.lowest : (cap < range.highest ? cap : range.highest);
@@ -120,7 +120,7 @@ constexpr chunk_size_search shared_chunk_search(const model_profile& model, cons
     for (byte_count capacity = range.lowest; capacity <= range.highest; capacity += range.granule)
       try_capacity(capacity);
   } else {
-    // A coarse grid, then every granule step around its best points (cheap enough for a constant expression).
+    // A coarse grid, then finer steps around its best points (cheap enough for a constant expression).
     const byte_count coarse = (range.highest - range.lowest) / coarse_capacities / range.granule * range.granule;
     byte_count best[refined_points] = {};
     byte_count best_waste[refined_points] = {};

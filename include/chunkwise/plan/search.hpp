@@ -165,18 +165,11 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
           resident_chunks == 0 ? fraction : static_cast<double>(offloaded) / static_cast<double>(resident_chunks);
       p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded};
       p = detail::check_limits(machine, memory_at(blocks), p);
-      if (p.feasible) {
+      if (p.feasible) {  // blocks >= fewest_blocks: every pass's streamed chunks fit the blocks left for streaming
         const std::uint64_t resident = p.knobs.resident_chunks;
         const std::uint64_t fetches =
             resident == n ? 0 : detail::count_fetches(trace, static_cast<std::uint32_t>(resident), blocks - resident);
-        if (fetches == ~std::uint64_t{0}) {  // a pass needs more streamed chunks than the blocks left for streaming
-          p.feasible = false;
-          p.limit = plan_limit::device_memory;
-          p.needed = p.memory.device + (trace.widest_pass - (blocks - resident)) * shares.parameter;
-          p.available = machine.device_memory;
-        } else {
-          p.time = predict_time<Plan>(machine, shares, blocks, offloaded, fetches);
-        }
+        p.time = predict_time<Plan>(machine, shares, blocks, offloaded, fetches);
       }
       if (p.feasible) {
         if (!best.feasible || p.time.step < best.time.step) best = p;

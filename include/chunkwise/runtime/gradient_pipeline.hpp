@@ -85,10 +85,7 @@ class gradient_pipeline {
   /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
   template <class Reduced>
   void backward_acquire(record& b, Reduced&& reduced) {
-    if (b.gradient.empty()) {
-      b.gradient = device_buffer(b.full_elements, reduced);
-      b.gradient.zero(zeroing_);
-    }
+    give_accumulator(b, reduced);
   }
 
   /// Profile hand-over: whether releasing `pass` completes chunk b's gradients for this step (its last backward
@@ -128,10 +125,7 @@ class gradient_pipeline {
   /// Chunk b's gradients are complete (grad_pending): reduce them, averaging over ranks, while the trainer goes on.
   template <class Reduced>
   void start(record& b, Reduced&& reduced) {
-    if (b.gradient.empty()) {  // no backward touched it
-      b.gradient = device_buffer(b.full_elements, reduced);
-      b.gradient.zero(zeroing_);
-    }
+    give_accumulator(b, reduced);  // when no backward touched it
     reduced_bytes_ += b.gradient.bytes();
     reducing_.push_back(b.index);
     if (ops_->ranks() == 1 && b.gradient.bytes() == b.owned_gradient.bytes() &&
@@ -167,6 +161,14 @@ class gradient_pipeline {
   }
 
  private:
+  // Chunk b's accumulator, zeroed, unless it has one.
+  template <class Reduced>
+  void give_accumulator(record& b, Reduced& reduced) {
+    if (!b.gradient.empty()) return;
+    b.gradient = device_buffer(b.full_elements, reduced);
+    b.gradient.zero(zeroing_);
+  }
+
   // Hands on the oldest reduction if it finished (or, with wait_for_oldest, once it does); true when one was.
   // Oldest first keeps the hand-over order the same on every rank whatever the timing.
   template <class Reduced>

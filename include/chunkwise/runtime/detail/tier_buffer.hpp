@@ -18,17 +18,6 @@ namespace chunkwise::detail {
 class tier_buffer {
  public:
   tier_buffer() = default;
-  template <class Tier>
-  tier_buffer(Tier& tier, std::size_t elements, dtype type = dtype::fp32)
-      : tier_(&tier), bytes_(elements * size_of(type)) {
-    release_ = [](void* owner, void* block, std::size_t bytes) noexcept {
-      static_cast<Tier*>(owner)->deallocate_sync(block, bytes);
-    };
-    if (bytes_ != 0) {
-      data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
-      std::memset(data_, 0, bytes_);
-    }
-  }
   /// Left as the tier gives it (not zeroed): the caller fills it, with zero(threads) for one.
   struct unfilled_t {};
   static constexpr unfilled_t unfilled{};
@@ -39,6 +28,11 @@ class tier_buffer {
       static_cast<Tier*>(owner)->deallocate_sync(block, bytes);
     };
     if (bytes_ != 0) data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
+  }
+  template <class Tier>
+  tier_buffer(Tier& tier, std::size_t elements, dtype type = dtype::fp32)
+      : tier_buffer(tier, elements, type, unfilled) {
+    zero();
   }
   tier_buffer(tier_buffer&& other) noexcept { swap(other); }
   tier_buffer& operator=(tier_buffer&& other) noexcept {

@@ -43,7 +43,7 @@ class aligned_host_memory {
     const block_cache::key k = block_key(bytes, checked_alignment(alignment, min_alignment_, budget_.name()));
     budget_.reserve(bytes);
     if (void* cached = freed_.take(k)) return cached;
-    // The cache keeps in-use plus cached bytes within the peak: make room for this block first.
+    // A new mapping: first hand back cached blocks until in-use plus cached bytes are within the peak.
     const byte_count in_use = budget_.in_use(), peak = budget_.stats().peak;
     freed_.trim(peak > in_use ? peak - in_use : 0,
                 [&](void* block, block_cache::key old) { release_block(block, old); });
