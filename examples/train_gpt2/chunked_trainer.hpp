@@ -10,11 +10,13 @@
 #include <chunkwise/runtime/fp32_compute.hpp>
 
 #include "gpt2_model.hpp"
+#include "rank_cores.hpp"
 #include "reference_trainer.hpp"
 #include "schedule.hpp"
-#include "timing.hpp"
 
 #include <algorithm>
+#include <barrier>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,8 +61,11 @@ using trainable_plans = chunkwise::plan_set<
 /// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
 /// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch of the model,
 /// cut to as many layers as fit 1 GiB of training state (so a 48-layer model is timed on a few of its layers, not in
-/// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the slowest rank's median
-/// iteration (a median, so a burst of other work on the machine does not set the rate). The cost model's compute
+/// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the median round: the
+/// time from all ranks starting an iteration together (a barrier) to the last one finishing it. Rounds, not each
+/// rank's own iterations: ranks outnumbering the cores take turns, and a rank's iteration timed alone while the others
+/// waited measured a core's rate where a step gets a share of it (3 ranks on 2 cores: predicted 10 ms, measured 19).
+/// A median, so a burst of other work on the machine does not set the rate. The cost model's compute
 /// rate for this trainer (a generic GEMM benchmark overstates naive loops several times). With 16-bit chunks
 /// (`type` bf16 or fp16) each iteration also pays fp32_compute's conversions, timed on as many elements as the cut
 /// model has parameters: its parameters widened for forward and again for backward, its gradients added into 16-bit
@@ -70,10 +75,12 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
   const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
   config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
   const chunkwise::model_profile model = trace_profile(config);
-  std::vector<double> seconds(static_cast<std::size_t>(ranks), 0.0);
+  std::barrier round(ranks);
+  std::vector<double> rounds;  // rank 0's record of each round's seconds
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
+      compute_on_rank_cores(ranks);
       reference_trainer trainer(config, 1);
       std::vector<int> tokens(config.batch * config.context), targets(tokens.size());
       for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -95,15 +102,21 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
           };
         }
       });
-      seconds[static_cast<std::size_t>(r)] = median_seconds(iterations, [&] {
+      for (int i = 0; i <= iterations; ++i) {  // the first round warms up
+        round.arrive_and_wait();
+        const auto start = std::chrono::steady_clock::now();
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());
         trainer.backward(tokens.data(), targets.data());
         convert();
-      });
+        round.arrive_and_wait();
+        if (r == 0 && i > 0)
+          rounds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
     });
   for (auto& t : threads) t.join();
-  return static_cast<double>(model.total_flops()) / *std::max_element(seconds.begin(), seconds.end());
+  std::nth_element(rounds.begin(), rounds.begin() + static_cast<std::ptrdiff_t>(rounds.size() / 2), rounds.end());
+  return static_cast<double>(model.total_flops()) / rounds[rounds.size() / 2];
 }
 
 /// The runtime's tensor initializer: tensor t (in profile order) gets the reference trainer's initial values.

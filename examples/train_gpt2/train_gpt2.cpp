@@ -117,9 +117,7 @@ struct options {
 };
 
 /// The cores each rank's BLAS products and AdamW may use: the machine's, shared among the ranks on it.
-unsigned cores_per_rank(const options& o) {
-  return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks_here));
-}
+unsigned cores_per_rank(const options& o) { return static_cast<unsigned>(gpt2::cores_per_rank(o.ranks_here)); }
 
 /// The learning rate of each step: warm-up, then constant or cosine decay over the run.
 optim::warmup_cosine schedule(const options& o) {
@@ -622,6 +620,7 @@ void train_threads(const rank_setup& setup) {
   for (int r = 0; r < setup.o.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
+        gpt2::compute_on_rank_cores(setup.o.ranks_here);
         auto comm = world.comm(r);
         train_rank<Plan>(setup, comm);
       } catch (...) {
@@ -807,6 +806,7 @@ int main(int argc, char** argv) {
 #endif
     }
     settle_batch(o);
+    gpt2::compute_on_rank_cores(o.ranks_here);  // an MPI process's rank computes on this thread
     if (o.backend == "host" && o.matmul == "blas") {
 #if CHUNKWISE_GPT2_BLAS
       // The cores shared among the ranks (each rank's products run beside the others').

@@ -1,0 +1,28 @@
+#pragma once
+// The cores each rank computes on. Ranks sharing a machine divide its cores; each rank's OpenMP loops must then use
+// only its share: a thread started with std::thread takes OpenMP's default team (every core), so 3 thread ranks on
+// 2 cores ran 6 OpenMP threads, and a step took 7x longer than with one thread each (measured: 170 ms against 23 ms).
+#include <algorithm>
+#include <thread>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace gpt2 {
+
+/// The cores of this machine divided among the `ranks_here` ranks on it (at least one each).
+inline int cores_per_rank(int ranks_here) {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(ranks_here)));
+}
+
+/// Makes the calling thread's OpenMP loops use its rank's share of the cores; call it first in every rank's thread.
+inline void compute_on_rank_cores(int ranks_here) {
+#ifdef _OPENMP
+  omp_set_num_threads(cores_per_rank(ranks_here));
+#else
+  (void)ranks_here;
+#endif
+}
+
+}  // namespace gpt2
