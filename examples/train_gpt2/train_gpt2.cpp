@@ -702,6 +702,10 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
               machine.device_flops_per_second / 1e9, o.ranks_here,
               o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
               gemm_flops / 1e9);
+  if (o.comm == "threads" && o.ranks > 1) {
+    machine.collective_latency_seconds = chunkwise::measure_thread_collective_latency(o.ranks);
+    std::printf("collective latency %.1f us with %d ranks\n", machine.collective_latency_seconds * 1e6, o.ranks);
+  }
   print_memory(o, model, machine.device_memory, measured_memory);
 
   // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
