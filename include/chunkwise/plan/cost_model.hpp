@@ -258,17 +258,24 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double state_bytes_on_nvme = static_cast<double>(s.state) *
                                      static_cast<double>((home_on_nvme ? streamed : 0) + (offload_on_nvme ? offloaded : 0));
   const double parameter_writes_to_nvme = home_on_nvme ? static_cast<double>(streamed * s.parameter) : 0.0;
-  const double nvme_states = seconds(state_bytes_on_nvme * ranks, machine.nvme_read_bytes_per_second) +
-                             seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
+  // An fp32 update reads the chunk's parameters from its NVMe home too (they are its master weights; the fetch's
+  // copy on the device is not kept); a 16-bit one rewrites its working copy from the fp32 master in the states.
+  const double parameter_reads_from_nvme = s.state_bytes_per_element == 8.0 ? parameter_writes_to_nvme : 0.0;
+  const double nvme_states =
+      seconds((state_bytes_on_nvme + parameter_reads_from_nvme) * ranks, machine.nvme_read_bytes_per_second) +
+      seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
   const double upload = seconds(static_cast<double>(offloaded * s.parameter), machine.host_to_device_bytes_per_second);
   t.optimizer = shared_cores ? device_update + host_update : std::max(device_update, host_update);
   double update = std::max({t.optimizer, nvme_states, upload}) +
                  (offloaded > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) : 0.0);
   // Updates beside backward: each chunk's starts once its gradient is reduced, so backward's time hides the update
-  // but for the last chunk's share, which starts when backward ends.
+  // but for the last chunk's share, which starts when backward ends. The drive is one: backward's own fetches from
+  // NVMe take their share of it first.
   if (s.updates_overlap && n > 0) {
-    const double backward = s.flops > 0 ? phase * s.backward_flops / s.flops : 0.0;
-    update = std::max(update / static_cast<double>(n), update - backward);
+    const double backward_share = s.flops > 0 ? s.backward_flops / s.flops : 0.0;
+    const double backward = phase * backward_share;
+    const double hidden = nvme_states > 0 ? std::max(0.0, backward - nvme_fetch * backward_share) : backward;
+    update = std::max(update / static_cast<double>(n), update - hidden);
   }
 
   t.nvme = nvme_fetch + nvme_states;
