@@ -1,59 +1,89 @@
 #!/usr/bin/env bash
 # Runs the example trainer for a fixed number of steps under every feasible plan and under the automatic choice,
 # in one run, and compares the cost model's predicted step time with the measured one.
-# Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=1] [train_gpt2 model and budget flags...]
+# Usage: bench/compare/plans.sh [BUILD_DIR=build/default] [STEPS=60] [RANKS=settings] [train_gpt2 flags...]
+#   RANKS settings (the default): four settings, each printing its own `plans` line, then a last line with the worst
+#     of each figure: the tiny model with every plan fitting at 1, 2 and 4 thread ranks, and the trainer's default
+#     model under its default device budget (32 MiB), where only plans that stream fit;
+#   RANKS N: one setting, N thread ranks, with the flags given (default: the tiny model, every plan fitting).
 # ROUNDS (environment, default 3): runs per plan, in alternating order; the median counts.
-# Prints a table (plan, predicted step s, measured step s, error) and as its last line
-#   plans max_prediction_error=E regret=R
-# Each run calibrates its compute rate and predicts in its own process; the predictions are medians over rounds too.
-# E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time over the fastest
-# measured, minus 1. Measured step time: the trainer's median step after the first (cold) one, the median over rounds.
+# Per setting: a table (plan, predicted step s, measured step s, error) and the line
+#   plans <setting> max_prediction_error=E regret=R
+# and with RANKS settings, last:
+#   plans worst max_prediction_error=E regret=R
+# Each run calibrates its compute rate and collective cost and predicts in its own process; the predictions are
+# medians over rounds too. E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time
+# over the fastest measured, minus 1. Measured step time: the trainer's median step after the first (cold) one, the
+# median over rounds. Thread ranks on a machine with fewer cores share them (4 ranks on 2 cores: each gets half).
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-60}"
-ranks="${3:-1}"
+ranks="${3:-settings}"
 shift $(( $# < 3 ? $# : 3 ))
-# Without extra flags: the tiny model with the machine's memory, where every plan fits and can be compared (the
-# trainer's own default budget is chosen so that only streaming plans fit).
-(( $# > 0 )) || set -- --device-budget 0 --layers 2 --channels 64 --batch 4
 trainer="$build/examples/train_gpt2/train_gpt2"
 [[ -x "$trainer" ]] || { echo "plans.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
-
+tiny=(--device-budget 0 --layers 2 --channels 64 --batch 4)
 export OMP_WAIT_POLICY=passive
-explain="$("$trainer" --steps 1 --eval-every 1 --ranks "$ranks" "$@" 2>/dev/null)"
-python3 - "$trainer" "$steps" "$ranks" "$explain" "$@" <<'PY'
-import re, subprocess, sys
-trainer, steps, ranks, explain, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+
+compare() {  # compare NAME RANKS STEPS FLAGS...: one setting's table and plans line
+  local name="$1" ranks="$2" steps="$3"
+  shift 3
+  local explain
+  explain="$("$trainer" --steps 1 --eval-every 1 --ranks "$ranks" "$@" 2>/dev/null)"
+  python3 - "$trainer" "$name" "$steps" "$ranks" "$explain" "$@" <<'PY'
+import os, re, statistics, subprocess, sys
+trainer, name, steps, ranks, explain, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6:]
 seconds = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 plans, chosen = [], None
 for line in explain.splitlines():
     m = re.match(r"^([* ]) (\S+/\S+/\S+/\S+)\s+([0-9.]+) (s|ms|us)\s", line)
     if m:
-        plans.append((m.group(2), float(m.group(3)) * seconds[m.group(4)]))
+        plans.append(m.group(2))
         if m.group(1) == "*":
             chosen = m.group(2)
-import os, statistics
 rounds = int(os.environ.get("ROUNDS", "3"))
-samples = {name: [] for name, _ in plans}
-predictions = {name: [] for name, _ in plans}
+samples = {plan: [] for plan in plans}
+predictions = {plan: [] for plan in plans}
 for round_ in range(rounds):
-    for name, _ in (plans if round_ % 2 == 0 else reversed(plans)):
-        out = subprocess.run([trainer, "--plan", name, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
-                              str(ranks)] + extra, capture_output=True, text=True, check=True).stdout
-        samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)) * 1e-3)
-        # The run's own prediction: each run calibrates the compute rate in its own process, as it measures.
-        m = re.search(r"^[* ] " + re.escape(name) + r"\s+([0-9.]+) (s|ms|us)\s", out, re.M)
-        predictions[name].append(float(m.group(1)) * seconds[m.group(2)])
+    for plan in (plans if round_ % 2 == 0 else reversed(plans)):
+        out = subprocess.run([trainer, "--plan", plan, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
+                              ranks] + extra, capture_output=True, text=True, check=True).stdout
+        samples[plan].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)) * 1e-3)
+        # The run's own prediction: each run calibrates in its own process, as it measures.
+        m = re.search(r"^[* ] " + re.escape(plan) + r"\s+([0-9.]+) (s|ms|us)\s", out, re.M)
+        predictions[plan].append(float(m.group(1)) * seconds[m.group(2)])
 rows = []
-for name, _ in plans:
-    measured = statistics.median(samples[name])
-    predicted = statistics.median(predictions[name])
-    rows.append((name, predicted, measured, abs(measured - predicted) / measured))
+for plan in plans:
+    measured = statistics.median(samples[plan])
+    predicted = statistics.median(predictions[plan])
+    rows.append((plan, predicted, measured, abs(measured - predicted) / measured))
+print(f"\n{name}")
 print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}")
-for name, predicted, measured, error in rows:
-    mark = "*" if name == chosen else " "
-    print(f"{mark}{name:57s} {predicted:12.5f} {measured:12.5f} {error:7.1%}")
+for plan, predicted, measured, error in rows:
+    mark = "*" if plan == chosen else " "
+    print(f"{mark}{plan:57s} {predicted:12.5f} {measured:12.5f} {error:7.1%}")
 fastest = min(r[2] for r in rows)
 chosen_measured = [r[2] for r in rows if r[0] == chosen][0]
-print(f"plans max_prediction_error={max(r[3] for r in rows):.3f} regret={chosen_measured / fastest - 1:.3f}")
+print(f"plans {name} max_prediction_error={max(r[3] for r in rows):.3f} regret={chosen_measured / fastest - 1:.3f}")
+PY
+}
+
+if [[ "$ranks" != settings ]]; then
+  (( $# > 0 )) || set -- "${tiny[@]}"
+  compare "ranks=$ranks" "$ranks" "$steps" "$@"
+  exit 0
+fi
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+for r in 1 2 4; do
+  compare "ranks=$r,every-plan-fits" "$r" "$steps" "${tiny[@]}" "$@" | tee -a "$log"
+done
+# The default model streams under the default budget; its steps are ~10x the tiny model's, so a third as many.
+compare "ranks=1,streaming(32MiB)" 1 "$(( steps / 3 > 5 ? steps / 3 : 5 ))" "$@" | tee -a "$log"
+python3 - "$log" <<'PY'
+import re, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("plans ")]
+errors = [float(re.search(r"max_prediction_error=([0-9.]+)", l).group(1)) for l in lines]
+regrets = [float(re.search(r"regret=(-?[0-9.]+)", l).group(1)) for l in lines]
+print(f"\nplans worst max_prediction_error={max(errors):.3f} regret={max(regrets):.3f}")
 PY
