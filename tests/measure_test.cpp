@@ -47,6 +47,14 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a run measures the collective cost per call for its own thread-rank count") {
+  // 3 ranks: more than this CI machine's 2 cores, so they take turns; still a positive, bounded cost per call.
+  const double three = measure_thread_collective_latency(3);
+  CHECK(three > 1e-7);
+  CHECK(three < 1e-1);
+  CHECK(measure_thread_collective_latency(1) < 1e-2);  // one rank: no peer to wait for
+}
+
 TEST_CASE("an NVMe directory that does not exist fails before anything is measured there") {
   measure_options options{.nvme_directory = "/nonexistent/chunkwise", .nvme_test_bytes = 16 * MiB};
   options.progress = [](const std::string&) {};

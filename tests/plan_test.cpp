@@ -342,6 +342,58 @@ TEST_CASE("updates beside backward hide behind it but for the last chunk's share
   CHECK(beside.time.optimizer == after.time.optimizer);
 }
 
+TEST_CASE("on the host backend collectives and copies add to compute; on a GPU they hide behind it") {
+  const auto model = gpt2_profile(gpt2_124m);
+  auto gpu = describe_machine({.gpus = 2, .gpu_memory = 80 * GiB, .host_memory = 64 * GiB});
+  gpu.device_flops_per_second = 5e12;  // slow enough that compute outlasts the collectives
+  auto host = gpu;
+  host.kind = device_kind::host;  // the same numbers, on cores that compute
+  using plans = plan_set<plan<layout::min_waste<>, resident, sharded, optimizer_follows_home>>;
+  const auto on_gpu = evaluate<plans>(model, gpu)[0];
+  const auto on_host = evaluate<plans>(model, host)[0];
+  REQUIRE(on_gpu.feasible);
+  REQUIRE(on_host.feasible);
+  REQUIRE(on_gpu.knobs.chunks == on_host.knobs.chunks);
+  const auto& g = on_gpu.time;
+  const auto& h = on_host.time;
+  REQUIRE(g.collective > 0.0);
+  REQUIRE(g.collective < g.compute);
+  // On a GPU the collectives overlap compute: all that shows is the first gather.
+  CHECK(g.collective_exposed < g.collective);
+  CHECK(g.step < g.compute + g.collective);
+  // On the host backend every core computes, and the collectives' copies and waits take their turn.
+  CHECK(h.collective_exposed == h.collective);
+  CHECK(h.step == doctest::Approx(h.compute + h.collective + h.optimizer));
+  CHECK(h.step > g.step);
+}
+
+TEST_CASE("an NVMe home's update reads the chunk's parameters in fp32 and only the fp32 master in bf16") {
+  // One rank, everything streamed from NVMe through a device cache; the update's traffic is what the step's NVMe
+  // time holds besides the fetches (whose bytes the host-to-device time gives).
+  const auto machine = describe_machine({.gpus = 1, .gpu_memory = 2 * GiB, .host_memory = 64 * GiB});
+  using plans = plan_set<plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>>;
+  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+    CAPTURE(to_string(type));
+    gpt2_config config = gpt2_355m;
+    config.type = type;
+    config.micro_batch = 1;
+    config.context = 256;
+    const auto p = evaluate<plans>(gpt2_profile(config), machine)[0];
+    CAPTURE(p.limit);
+    REQUIRE(p.feasible);
+    REQUIRE(p.knobs.resident_chunks == 0);
+    const double fetched = p.time.host_to_device * machine.host_to_device_bytes_per_second;
+    const double updates = p.time.nvme - fetched / machine.nvme_read_bytes_per_second;
+    // Per streamed chunk of c parameter bytes: fp32 reads and writes c + 2c (Adam's m and v); bf16 reads 6c (fp32
+    // master, m and v: 12 bytes per 2-byte parameter) and writes those and the working copy, 7c.
+    const double c = static_cast<double>(p.knobs.chunks * p.knobs.chunk_bytes);  // min_waste: one capacity
+    const double reads = type == dtype::fp32 ? 3 * c : 6 * c;
+    const double writes = type == dtype::fp32 ? 3 * c : 7 * c;
+    CHECK(updates == doctest::Approx(reads / machine.nvme_read_bytes_per_second +
+                                     writes / machine.nvme_write_bytes_per_second).epsilon(0.02));
+  }
+}
+
 TEST_CASE("on Elixir's benchmark matrix the search offloads nothing where all fits, and the least Adam work otherwise") {
   // Elixir's evaluation (Huang et al., 2023): GPT-2-style models of 4B to 20B parameters on 1 to 4 A100 80 GB of a
   // DGX A100 (NVLink between GPUs, PCIe 4 to a host of 1 TiB), batch 4 to 16 per GPU, sequence 1024, activation
