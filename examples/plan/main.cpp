@@ -62,7 +62,9 @@ constexpr std::string_view usage =
   "                      the analytic model's dimensions, each overriding --model's (heads must divide d-model)\n"
     "  --save-profile FILE write the model profile as JSON\n"
     "machine (a described machine; defaults: 1 GPU, 24GiB, 64GiB host, 16GB/s PCIe, 3GB/s NVMe of 1TiB):\n"
-    "  --gpus N  (--ranks N)   devices, one rank each\n"
+    "  --gpus N  (--ranks N)   devices per machine, one rank each\n"
+    "  --machines M        alike machines of the job (default 1), joined by --inter-machine RATE (bus bandwidth\n"
+    "                      of a collective between machines, default 12.5GB/s: 100 Gb/s)\n"
     "  --gpu-mem BYTES     device memory per GPU chunkwise may use\n"
     "  --host-mem BYTES    host memory for chunk homes and optimizer states\n"
     "  --pcie RATE         host<->device bandwidth, e.g. 16GB/s\n"
@@ -170,6 +172,13 @@ void parse_flag(options& opts, const std::vector<std::string>& args, std::size_t
     if (ranks == 0 || ranks > 65536)
       throw_error(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(ranks));
     opts.machine.gpus = static_cast<std::uint32_t>(ranks);
+  } else if (flag == "--machines") {
+    const auto machines = parse_count(value(), flag);
+    if (machines == 0 || machines > 65536)
+      throw_error(error_code::invalid_argument, flag + " must be between 1 and 65536, got " + std::to_string(machines));
+    opts.machine.machines = static_cast<std::uint32_t>(machines);
+  } else if (flag == "--inter-machine") {
+    opts.machine.inter_machine_bytes_per_second = parse_rate(flag, value());
   } else if (flag == "--gpu-mem") {
     opts.machine.gpu_memory = parse_bytes(value());
     opts.gpu_memory_given = true;
@@ -261,6 +270,9 @@ machine_profile load_machine(const options& opts) {
   machine_profile machine = describe_machine(opts.machine);
   machine.name = std::to_string(opts.machine.gpus) + "x " + format_bytes(opts.machine.gpu_memory) + " GPU, " +
                  format_bytes(opts.machine.host_memory) + " host";
+  if (opts.machine.machines > 1)
+    machine.name = std::to_string(opts.machine.machines) + " machines of " + machine.name.str() + ", " +
+                   detail::format_rate(opts.machine.inter_machine_bytes_per_second) + " between them";
   return machine;
 }
 
@@ -319,7 +331,7 @@ void print_tensors(const model_profile& model) {
 
 void print_tables(const model_profile& model, const machine_profile& machine, const options& opts,
                   const std::vector<layout_row>& rows, const plan_report& report) {
-  const std::uint32_t ranks = machine.devices;
+  const std::uint32_t ranks = job_ranks(machine);
   std::size_t tied = 0;
   for (const auto& t : model.tensors) tied += t.tied ? 1 : 0;
   std::printf("model %s: %zu tensors (%zu tied), %llu parameters, %s; %zu passes, peak activations %s per rank\n",
@@ -360,7 +372,7 @@ void print_tables(const model_profile& model, const machine_profile& machine, co
 
 nlohmann::json to_json(const model_profile& model, const machine_profile& machine, const options& opts,
                        const std::vector<layout_row>& rows, const plan_report& report) {
-  const std::uint32_t ranks = machine.devices;
+  const std::uint32_t ranks = job_ranks(machine);
   nlohmann::json layouts = nlohmann::json::array();
   for (const auto& row : rows) {
     nlohmann::json entry{{"name", row.name}, {"feasible", row.summary.has_value()}};
@@ -414,7 +426,7 @@ int main(int argc, char** argv) {
     validate(machine);
     if (!opts.save_machine_file.empty())
       naming("--save-machine", [&] { save_machine_profile(machine, opts.save_machine_file); });
-    const layout_options layout_opts{machine.devices, opts.alignment};
+    const layout_options layout_opts{job_ranks(machine), opts.alignment};
     validate(layout_opts);
     const auto rows = run_layouts(model, layout_opts);
     const auto report = run_planner(model, machine);

@@ -132,8 +132,8 @@ if(SUITE STREQUAL "flags")
   # What --help documents, and what this suite tests. A flag added to the usage text must be added here (with a good
   # value, its effect and a bad value) or this check fails.
   set(tested_flags --help -h --model --profile --dtype --micro-batch --layers --d-model --heads --vocab --context
-      --save-profile --gpus --ranks --gpu-mem --host-mem --pcie --nvme --nvme-capacity --collective --gpu-flops
-      --machine --measure --measure-cache --nvme-dir --save-machine --alignment --tensors --json)
+      --save-profile --gpus --ranks --machines --inter-machine --gpu-mem --host-mem --pcie --nvme --nvme-capacity
+      --collective --gpu-flops --machine --measure --measure-cache --nvme-dir --save-machine --alignment --tensors --json)
   run_plan(help EXPECT 0 STDOUT_VAR help OUT_MATCH "^usage: chunkwise-plan" ARGS --help)
   run_plan(help EXPECT 0 OUT_MATCH "^usage: chunkwise-plan" ARGS -h)
   string(REGEX MATCHALL "(^|[ ,(])--[a-z][a-z-]*" documented "${help}")
@@ -201,6 +201,15 @@ if(SUITE STREQUAL "flags")
   run_plan(--ranks EXPECT 0 STDOUT_VAR j ARGS --ranks 2 --json)
   json_get(v "${j}" ranks)
   expect("--ranks 2: 2 ranks (${v})" v EQUAL 2)
+  # Two machines of 4 GPUs joined by a slow link: the job has 8 ranks, and hybrid<4> (ZeRO-3 inside each machine,
+  # replicated across them) is chosen over sharding across the link.
+  run_plan(--machines EXPECT 0 STDOUT_VAR j ARGS --model gpt2-1558m --gpus 4 --machines 2 --inter-machine 1GB/s --json)
+  json_get(v "${j}" ranks)
+  json_get(m "${j}" machine machines)
+  json_get(chosen "${j}" chosen)
+  json_get(link "${j}" machine inter_machine 0 bytes_per_second)
+  expect("--machines 2 --inter-machine 1GB/s: 8 ranks, 2 machines, 1e9 between, hybrid<4> (${v} ${m} ${link} ${chosen})"
+         v EQUAL 8 AND m EQUAL 2 AND link EQUAL 1e9 AND chosen STREQUAL "min_waste/resident/hybrid<4>/follows_home")
 
   run_plan(--gpu-mem EXPECT 0 STDOUT_VAR j ARGS --gpu-mem 40GiB --json)
   json_get(v "${j}" machine device_memory)
@@ -263,7 +272,7 @@ if(SUITE STREQUAL "flags")
   set(bad_values
     "--model|gpt-3" "--profile|${WORK_DIR}/missing.json" "--dtype|fp8" "--micro-batch|0" "--layers|0"
     "--d-model|wide" "--heads|5" "--vocab|-1" "--context|0" "--save-profile|${WORK_DIR}/no/such/dir/p.json"
-    "--gpus|0" "--ranks|70000" "--gpu-mem|12parsecs" "--host-mem|lots" "--pcie|fast" "--nvme|0"
+    "--gpus|0" "--ranks|70000" "--machines|0" "--inter-machine|slow" "--gpu-mem|12parsecs" "--host-mem|lots" "--pcie|fast" "--nvme|0"
     "--nvme-capacity|1XB" "--collective|-1GB/s" "--gpu-flops|0" "--machine|${WORK_DIR}/missing-machine.json"
     "--save-machine|${WORK_DIR}/no/such/dir/m.json" "--alignment|3"
     "--measure-cache|${WORK_DIR}/m.json" "--nvme-dir|${WORK_DIR}/missing")  # a file, a missing directory
@@ -282,7 +291,7 @@ if(SUITE STREQUAL "flags")
   endforeach()
   # A flag that needs a value, given none.
   foreach(_flag --model --profile --dtype --micro-batch --layers --d-model --heads --vocab --context --save-profile
-                --gpus --ranks --gpu-mem --host-mem --pcie --nvme --nvme-capacity --collective --gpu-flops --machine
+                --gpus --ranks --machines --inter-machine --gpu-mem --host-mem --pcie --nvme --nvme-capacity --collective --gpu-flops --machine
                 --measure-cache --nvme-dir --save-machine --alignment)
     run_plan("${_flag} without a value" EXPECT 2 ERR_MATCH "${_flag} needs a value" ARGS --json ${_flag})
   endforeach()
@@ -419,7 +428,7 @@ elseif(SUITE STREQUAL "json")
   expect("a chosen plan and no_fit null (${chosen}, ${no_fit_type})"
          chosen_type STREQUAL "STRING" AND no_fit_type STREQUAL "NULL")
   string(JSON n LENGTH "${j}" plans)
-  expect("the default plan set has 9 plans (${n})" n EQUAL 9)
+  expect("the default plan set has 12 plans (${n})" n EQUAL 12)
   math(EXPR last "${n} - 1")
   set(chosen_count 0)
   set(chosen_step "")

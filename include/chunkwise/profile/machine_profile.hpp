@@ -135,7 +135,10 @@ constexpr void validate(const machine_profile& machine) {
 /// docs/cost-model.md): collectives over the host link at 80% of it, 20 us per collective call, the device's
 /// fused Adam at its memory bandwidth over 28 bytes per parameter.
 struct machine_description {
-  std::uint32_t gpus = 1;
+  std::uint32_t gpus = 1;                   // per machine
+  std::uint32_t machines = 1;               // alike, joined by the inter-machine link
+  double inter_machine_bytes_per_second = 12.5e9;  // bus bandwidth between machines: 100 Gb/s Ethernet or InfiniBand
+  double inter_machine_latency_seconds = 50e-6;
   byte_count gpu_memory = 24 * GiB;
   byte_count host_memory = 64 * GiB;
   double pcie_bytes_per_second = 16e9;
@@ -164,6 +167,11 @@ constexpr machine_profile describe_machine(const machine_description& d) {
   m.reduce_scatter = bandwidth_curve::flat(bus);
   m.all_reduce = bandwidth_curve::flat(bus);
   m.collective_latency_seconds = 20e-6;
+  m.machines = d.machines;
+  if (d.machines > 1) {
+    m.inter_machine = bandwidth_curve::flat(d.inter_machine_bytes_per_second);
+    m.inter_machine_latency_seconds = d.inter_machine_latency_seconds;
+  }
   m.device_optimizer_params_per_second = d.gpu_memory_bytes_per_second / 28.0;
   m.host_optimizer_params_per_second = d.cpu_adam_params_per_second;
   m.device_flops_per_second = d.gpu_flops_per_second;
