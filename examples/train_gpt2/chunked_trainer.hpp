@@ -59,7 +59,7 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<8>, plans::optimizer_follows_home>>;
 
 /// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
-/// runs the plain trainer's forward and backward (one warm-up, then `iterations` timed) on its own batch of the model,
+/// runs the plain trainer's forward and backward (one warm-up round, then rounds as below) on its own batch of the model,
 /// cut to as many layers as fit 1 GiB of training state (so a 48-layer model is timed on a few of its layers, not in
 /// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the median round: the
 /// time from all ranks starting an iteration together (a barrier) to the last one finishing it. Rounds, not each
@@ -71,12 +71,30 @@ using trainable_plans = chunkwise::plan_set<
 /// model has parameters: its parameters widened for forward and again for backward, its gradients added into 16-bit
 /// accumulators.
 inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtype type = chunkwise::dtype::fp32,
-                                 int iterations = 7) {
+                                 int iterations = 7, double min_seconds = 0.3) {
   const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
   config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
   const chunkwise::model_profile model = trace_profile(config);
-  std::barrier round(ranks);
-  std::vector<double> rounds;  // rank 0's record of each round's seconds
+  // The barrier's completion (one thread, all others waiting) times the rounds and decides whether to go on: at
+  // least `iterations` rounds after the warm-up one, more until `min_seconds` have passed (a small model's 6 ms
+  // rounds: 7 of them varied by 20% between runs), at most 200.
+  using clock = std::chrono::steady_clock;
+  std::vector<double> rounds;
+  clock::time_point round_start, first_start;
+  bool in_round = false, more = true;
+  std::barrier round(ranks, [&]() noexcept {
+    const auto now = clock::now();
+    in_round = !in_round;
+    if (in_round) {
+      round_start = now;
+      if (rounds.empty()) first_start = now;
+      return;
+    }
+    rounds.push_back(std::chrono::duration<double>(now - round_start).count());
+    const auto timed = static_cast<int>(rounds.size()) - 1;  // the first round warms up
+    more = timed < iterations ||
+           (std::chrono::duration<double>(now - first_start).count() < min_seconds && timed < 200);
+  });
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
@@ -102,19 +120,17 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
           };
         }
       });
-      for (int i = 0; i <= iterations; ++i) {  // the first round warms up
-        round.arrive_and_wait();
-        const auto start = std::chrono::steady_clock::now();
+      do {
+        round.arrive_and_wait();  // all start together
         trainer.zero_gradients();
         trainer.forward(tokens.data(), targets.data());
         trainer.backward(tokens.data(), targets.data());
         convert();
-        round.arrive_and_wait();
-        if (r == 0 && i > 0)
-          rounds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
+        round.arrive_and_wait();  // the last one is done
+      } while (more);
     });
   for (auto& t : threads) t.join();
+  rounds.erase(rounds.begin());  // the warm-up
   std::nth_element(rounds.begin(), rounds.begin() + static_cast<std::ptrdiff_t>(rounds.size() / 2), rounds.end());
   return static_cast<double>(model.total_flops()) / rounds[rounds.size() / 2];
 }
