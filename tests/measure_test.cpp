@@ -22,6 +22,8 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(measured.host_to_device_bytes_per_second > 1e8);
   CHECK(measured.nvme_read_bytes_per_second > 1e6);
   CHECK(measured.nvme_capacity > 0);
+  CHECK(measured.nvme_cpu_seconds_per_byte > 0);  // submitting and completing I/O costs the CPU something
+  CHECK(measured.nvme_cpu_seconds_per_byte < 1e-8);  // and far less than 10 s per GB
   CHECK(measured.all_gather.count == 3);
   CHECK(measured.all_reduce.points[2].message_bytes == 64 * MiB);
   // the fixed cost of a call, measured: a thread handshake costs more than a microsecond and far less than 10 ms

@@ -392,6 +392,16 @@ TEST_CASE("an NVMe home's update reads the chunk's parameters in fp32 and only t
     const double writes = type == dtype::fp32 ? 3 * c : 7 * c;
     CHECK(updates == doctest::Approx(reads / machine.nvme_read_bytes_per_second +
                                      writes / machine.nvme_write_bytes_per_second).epsilon(0.02));
+    // On the host backend the CPU time of those bytes and the fetches' is taken from the cores that compute.
+    auto host = machine;
+    host.kind = device_kind::host;
+    host.device_flops_per_second = 1e11;  // a CPU's: the passes outlast the drive
+    const auto free_io = evaluate<plans>(gpt2_profile(config), host)[0];
+    host.nvme_cpu_seconds_per_byte = 1e-10;
+    const auto costly_io = evaluate<plans>(gpt2_profile(config), host)[0];
+    REQUIRE(free_io.knobs.chunks == costly_io.knobs.chunks);
+    REQUIRE(free_io.knobs.device_blocks == costly_io.knobs.device_blocks);
+    CHECK(costly_io.time.step - free_io.time.step == doctest::Approx((fetched + reads + writes) * 1e-10).epsilon(0.02));
   }
 }
 

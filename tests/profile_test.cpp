@@ -457,6 +457,18 @@ TEST_CASE("a machine profile of several machines keeps its link between them; ol
   CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"), doctest::Contains("machines is 0"), error);
 }
 
+TEST_CASE("a machine profile keeps the NVMe store's CPU cost per byte; older profiles have none; negative fails") {
+  auto machine = describe_machine({.gpus = 1});
+  machine.nvme_cpu_seconds_per_byte = 1.8e-10;
+  CHECK(machine_profile_from_json(to_json(machine), "m").nvme_cpu_seconds_per_byte == 1.8e-10);
+  auto document = to_json(machine);
+  document.erase("nvme_cpu_seconds_per_byte");
+  CHECK(machine_profile_from_json(document, "m").nvme_cpu_seconds_per_byte == 0.0);
+  document["nvme_cpu_seconds_per_byte"] = -1e-9;
+  CHECK_THROWS_WITH_AS(machine_profile_from_json(document, "m"),
+                       doctest::Contains("nvme_cpu_seconds_per_byte must be 0 or more"), error);
+}
+
 TEST_CASE("flash attention drops the score matrices and recompute keeps only layer inputs") {
   auto config = gpt2_124m;
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, L = 12;

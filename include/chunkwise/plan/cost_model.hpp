@@ -236,12 +236,24 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                                                 (home_on_nvme ? seconds(static_cast<double>(s.parameter), machine.nvme_read_bytes_per_second) : 0.0)
                                           : 0.0;
   const double first_gather = traffic.all_gather > 0 ? seconds(ring_gather, gather_bandwidth) : 0.0;
+  // The update's NVMe traffic (per rank): states of streamed chunks with NVMe homes and offloaded states on NVMe.
+  const double state_bytes_on_nvme = static_cast<double>(s.state) *
+                                     static_cast<double>((home_on_nvme ? streamed : 0) + (offload_on_nvme ? offloaded : 0));
+  const double parameter_writes_to_nvme = home_on_nvme ? static_cast<double>(streamed * s.parameter) : 0.0;
+  // An fp32 update reads the chunk's parameters from its NVMe home too (they are its master weights; the fetch's
+  // copy on the device is not kept); a 16-bit one rewrites its working copy from the fp32 master in the states.
+  const double parameter_reads_from_nvme = s.state_bytes_per_element == 8.0 ? parameter_writes_to_nvme : 0.0;
   // On the host backend the "device" is the CPU: the collectives' copies and waits and the host-device copies run
   // on the cores the passes compute on (every core is computing), so they add to compute rather than hide behind it
   // (measured at 2 thread ranks on 2 cores: per_tensor/sharded's 84 collectives a step cost 3.8 ms beside 9.6 ms of
-  // compute). NVMe reads are the drive's DMA and still overlap.
+  // compute). NVMe transfers are the drive's DMA and overlap, but their CPU time (the kernel's, the I/O thread's)
+  // does not: it is taken from a core, and a parallel loop waits for its slowest thread, so the whole of it counts.
   const bool shared_cores = machine.kind == device_kind::host;
-  const double moves = shared_cores ? t.compute + t.collective + t.host_to_device + t.device_to_host : 0.0;
+  const double nvme_bytes = (home_on_nvme ? fetch_bytes : 0.0) + 2 * state_bytes_on_nvme + parameter_reads_from_nvme +
+                            parameter_writes_to_nvme;
+  const double moves = shared_cores ? t.compute + t.collective + t.host_to_device + t.device_to_host +
+                                          nvme_bytes * machine.nvme_cpu_seconds_per_byte
+                                    : 0.0;
   const double phase = shared_cores ? std::max(moves, nvme_fetch + first_fetch)
                                     : std::max({t.compute, t.collective, t.host_to_device, t.device_to_host,
                                                 nvme_fetch}) + first_fetch + first_gather;
@@ -255,12 +267,6 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                                (shared_cores ? ranks : 1) / machine.device_optimizer_params_per_second;
   const double host_update = elements_per_chunk * static_cast<double>(streamed + offloaded) * ranks /
                              machine.host_optimizer_params_per_second;
-  const double state_bytes_on_nvme = static_cast<double>(s.state) *
-                                     static_cast<double>((home_on_nvme ? streamed : 0) + (offload_on_nvme ? offloaded : 0));
-  const double parameter_writes_to_nvme = home_on_nvme ? static_cast<double>(streamed * s.parameter) : 0.0;
-  // An fp32 update reads the chunk's parameters from its NVMe home too (they are its master weights; the fetch's
-  // copy on the device is not kept); a 16-bit one rewrites its working copy from the fp32 master in the states.
-  const double parameter_reads_from_nvme = s.state_bytes_per_element == 8.0 ? parameter_writes_to_nvme : 0.0;
   const double nvme_states =
       seconds((state_bytes_on_nvme + parameter_reads_from_nvme) * ranks, machine.nvme_read_bytes_per_second) +
       seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
