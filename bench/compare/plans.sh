@@ -6,7 +6,8 @@
 #     of each figure: the tiny model with every plan fitting at 1, 2 and 4 thread ranks, and the trainer's default
 #     model under its default device budget (32 MiB), where only plans that stream fit;
 #   RANKS N: one setting, N thread ranks, with the flags given (default: the tiny model, every plan fitting).
-# ROUNDS (environment, default 3): runs per plan, in alternating order; the median counts.
+# ROUNDS (environment, default 5): runs per plan, in alternating order; the median counts (a process now and then
+#   runs its loops 30% slower throughout, calibration included: its own prediction follows, a regret would not).
 # Per setting: a table (plan, predicted step s, measured step s, error) and the line
 #   plans <setting> max_prediction_error=E regret=R
 # and with RANKS settings, last:
@@ -41,7 +42,7 @@ for line in explain.splitlines():
         plans.append(m.group(2))
         if m.group(1) == "*":
             chosen = m.group(2)
-rounds = int(os.environ.get("ROUNDS", "3"))
+rounds = int(os.environ.get("ROUNDS", "5"))
 samples = {plan: [] for plan in plans}
 predictions = {plan: [] for plan in plans}
 for round_ in range(rounds):

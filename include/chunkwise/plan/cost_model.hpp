@@ -20,9 +20,8 @@
 // moves and NVMe reads: phase = max of those + the first fetch, which nothing hides (on the host backend, whose
 // device is the CPU, compute, collectives and copies share the cores and add up; NVMe reads overlap them). The
 // update runs on the device for (R - Roff) chunks and on the host's cores, shared by all ranks, for S + Roff
-// chunks, concurrently with NVMe state
-// streaming and the upload of updated resident parameters: optimizer = max of those (on the host backend, whose device
-// is the CPU, the two updates share the cores and add up).
+// chunks, concurrently with NVMe state streaming and the upload of updated resident parameters: optimizer = max of
+// those (on the host backend, whose device is the CPU, the two updates share the cores and add up).
 // step = phase + optimizer; when the trainer's updates overlap backward (model_profile::updates_overlap_backward),
 // step = phase + max(optimizer / n, optimizer - backward's share of the phase).
 #include <chunkwise/collective/concepts.hpp>
