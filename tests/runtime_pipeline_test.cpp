@@ -173,6 +173,7 @@ TEST_CASE("every default plan at 1, 2 and 4 ranks trains the toy to the referenc
   const auto expected = reference({}).parameters;
   for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
     for (const int ranks : {1, 2, 4}) {
+      if (!Plan::collective::supports(ranks)) continue;  // hybrid<G> where G does not divide the ranks
       CAPTURE(Plan::name());
       CAPTURE(ranks);
       // Three device blocks: cached<> streams every chunk through them, split<> keeps one resident and streams three.
@@ -301,6 +302,7 @@ TEST_CASE("bf16 parameters with fp32 master weights: every default plan at 1, 2 
   const auto fp32 = reference({}).parameters;
   for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
     for (const int ranks : {1, 2, 4}) {
+      if (!Plan::collective::supports(ranks)) continue;  // hybrid<G> where G does not divide the ranks
       const auto expected = toy::train_plain({.lr = warmup_lr, .type = dtype::bf16, .ranks = std::size_t(ranks)}).parameters;
       // bf16 working copies differ from fp32 training by about bf16's resolution (2^-8): equality below tells the
       // precisions apart.
@@ -315,7 +317,16 @@ TEST_CASE("bf16 parameters with fp32 master weights: every default plan at 1, 2 
       CHECK(overlapped.parameters == at_step.parameters);
       // The reference does the runtime's arithmetic (each rank's gradient rounded to bf16, averaged in fp32 in rank
       // order, rounded once; AdamW on fp32 master weights; working copies rounded to nearest even): bit for bit.
-      CHECK(at_step.parameters == expected);
+      // hybrid<G> over more ranks than G averages the groups' means, rounded to bf16 on the way, another order:
+      // measured (hybrid<2>, 4 ranks) 1.4% from the bf16 reference, both 19% from fp32 training. So: far closer to
+      // the reference than bf16 is to fp32, and no farther from fp32 than the reference.
+      if (Plan::collective::group_size != 0 && Plan::collective::group_size < ranks) {
+        const double bf16_error = toy::worst_relative_difference(expected, fp32);
+        CHECK(toy::worst_relative_difference(at_step.parameters, expected) < 0.1 * bf16_error);
+        CHECK(toy::worst_relative_difference(at_step.parameters, fp32) < 1.05 * bf16_error);
+      }
+      else
+        CHECK(at_step.parameters == expected);
     }
   });
 }

@@ -9,9 +9,12 @@
 // - outliers get private chunks too: tensors larger than the mean plus OutlierSigmas standard deviations of the
 //   tensor sizes (Gemini's rule, 3 sigmas by default).
 // A private chunk is sized to its tensor, rounded up to whole shards. The other (shared) tensors pack next-fit in
-// first-use order at the minimum-waste capacity. That capacity is searched from max(largest shared tensor,
-// MinChunk) upwards over SearchRange, and capped at MaxChunk unless a shared tensor is larger. A private tensor
-// closes the open shared chunk, so the chunks still list the tensors in first-use order.
+// first-use order at the capacity that leaves the least free space in the chunks, and each chunk is then shrunk to
+// what it holds (in whole shards): homes and resident chunks keep no free tails, and the capacity bounds the chunks
+// (a device cache's block holds the largest, so the search's free space is the blocks' slack). That capacity is
+// searched from max(largest shared tensor, MinChunk) upwards over SearchRange, and capped at MaxChunk unless a shared
+// tensor is larger. A private tensor closes the open shared chunk, so the chunks still list the tensors in first-use
+// order.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/layout/concepts.hpp>
@@ -83,7 +86,7 @@ constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& exte
   return waste;
 }
 
-/// The shared tensors' capacity: the least waste of pack_with_private (shrunk segment tails included) over capacities
+/// The shared tensors' capacity: the least free space next-fit leaves at that capacity (shrunk_waste) over capacities
 /// from max(largest shared tensor, min_chunk), rounded to whole shards, to search_range above it, capped at max_chunk
 /// unless a shared tensor is larger. Every multiple of the granule is tried up to exhaustive_capacities of them;
 /// beyond, a grid of coarse_capacities and the neighbourhoods of its refined_points best points at finer steps
@@ -151,8 +154,8 @@ constexpr chunk_size_search shared_chunk_search(const model_profile& model, cons
   return range;
 }
 
-/// Next-fit of the shared tensors at `capacity`, each private tensor alone in a chunk sized to it, the chunks no
-/// later tensor joins shrunk to fit.
+/// Next-fit of the shared tensors at `capacity`, each private tensor alone in a chunk sized to it, every shared chunk
+/// shrunk to what it holds once closed.
 constexpr chunk_map pack_with_private(const model_profile& model, byte_count capacity, const layout_options& options,
                                       const std::vector<unsigned char>& alone) {
   return detail::pack(model, capacity, options, [&](std::uint32_t i) { return alone[i] != 0; }, true);

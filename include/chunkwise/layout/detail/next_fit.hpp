@@ -72,7 +72,8 @@ constexpr void shrink_to_fit(chunk& c, const layout_options& options) {
 
 /// Next-fit at `capacity` (a multiple of options.granule(), >= the largest tensor that is not alone). A tensor for
 /// which alone(i) holds closes the open chunk and gets one of its own: of `capacity`, or with `own_sizes` of its
-/// own size rounded up to whole shards, the chunks before it and the last one shrunk to fit (private_chunks).
+/// own size rounded up to whole shards, and every other chunk shrunk to what it holds once it is closed
+/// (private_chunks: chunks of their own sizes, at most `capacity`).
 template <class Alone>
 constexpr chunk_map pack(const model_profile& model, byte_count capacity, const layout_options& options,
                          Alone&& alone, bool own_sizes) {
@@ -93,7 +94,7 @@ constexpr chunk_map pack(const model_profile& model, byte_count capacity, const 
         continue;
       }
     }
-    if (own_sizes && open && by_itself) shrink_to_fit(map.chunks.back(), options);
+    if (own_sizes && open) shrink_to_fit(map.chunks.back(), options);
     const byte_count size = own_sizes && by_itself ? round_up(bytes, options.granule()) : capacity;
     map.chunks.push_back(chunk{size, {chunk_slot{i, 0, bytes}}, t.tied});
     map.locations[i] = tensor_location{static_cast<std::uint32_t>(map.chunks.size() - 1), 0};
