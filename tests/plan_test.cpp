@@ -479,6 +479,12 @@ TEST_CASE("private chunks let GPT-2 124M train in less device memory than any mi
   const auto card = describe_machine({.gpus = 1, .gpu_memory = 1280 * MiB});
   const auto result = choose<default_plans>(model, card);
   CHECK(result.index == private_index);
+  // At 1.25 GiB the search takes private_chunks' finer candidate (shared chunks of 16-32 MiB, 13 chunks instead of
+  // 8): more blocks of a smaller size fit beside the embedding's resident chunk.
+  CHECK(result.predicted.knobs.layout_candidate == 1);
+  CHECK(result.predicted.knobs.chunks == 13);
+  const auto finer = layout_candidates<layout::private_chunks<>>::build(model, {.ranks = 1}, 1);
+  for (std::size_t c = 1; c < finer.chunks.size(); ++c) CHECK(finer.chunks[c].capacity <= 32 * MiB);
   for (std::size_t i = 0; i < private_index; ++i) {
     CAPTURE(names[i]);
     CHECK_FALSE(result.plans[i].feasible);

@@ -6,6 +6,7 @@
 #include <chunkwise/placement.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/plan/dispatch.hpp>
+#include <chunkwise/plan/layout_candidates.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/backend/host.hpp>
@@ -63,6 +64,7 @@ struct run_options {
   std::size_t* chunks = nullptr;    // rank 0's chunk count and streamed chunks
   std::size_t* streamed = nullptr;
   dtype type = dtype::fp32;  // the chunks' parameters and gradients (bf16: fp32 master weights and moments)
+  std::optional<std::size_t> layout_candidate{};  // the search's knob: which of the layout's candidates
   const std::vector<std::vector<float>>* initial = nullptr;  // initial parameters per tensor (else the seed's)
   bool recompute = false;  // activation checkpointing in the trainer's schedule
 };
@@ -98,6 +100,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         options.device_budget = run.device_budget;
         options.offloaded_chunks = run.offloaded_chunks;
         options.device_blocks = run.device_blocks;
+        options.layout_candidate = run.layout_candidate;
         if (!run.nvme_directory.empty()) options.nvme_directory = run.nvme_directory;
         if (run.micro_batches > 0) options.handover = gradient_handover::explicit_calls;
         const tensor_initializer initialize =
@@ -556,6 +559,25 @@ TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameter
       }
     });
   std::filesystem::remove_all(nvme);
+}
+
+TEST_CASE("the runtime builds the layout candidate the search chose, and names a candidate it does not have") {
+  // private_chunks offers its range and half of it (at test scale: shared chunks from 48 KiB up, and from 24 KiB up).
+  // The finer candidate has more chunks, trains to the same parameters, and is what the runtime was told to build.
+  using Plan = at_test_scale<plan<layout::private_chunks<>, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+  using candidates = layout_candidates<Plan::layout>;
+  const auto model = gpt2_profile(gpt2::profile_config(tiny(1)));
+  const layout_options options{.ranks = 2};
+  REQUIRE(candidates::count == 2);
+  REQUIRE(candidates::can_pack(model, options, 1));
+  const auto coarse = candidates::build(model, options, 0).chunks.size();
+  const auto fine = candidates::build(model, options, 1).chunks.size();
+  CHECK(fine > coarse);
+  std::size_t chunks = 0;
+  check_equal(train<Plan>(2, {.device_blocks = 4, .chunks = &chunks, .layout_candidate = 1}).first, reference(2));
+  CHECK(chunks == fine);
+  CHECK_THROWS_WITH_AS(train<Plan>(2, {.layout_candidate = 2}), doctest::Contains("has no layout candidate 2"),
+                       chunkwise::error);
 }
 
 TEST_CASE("training from an imported llm.c checkpoint equals the reference trainer started from the same file") {

@@ -457,6 +457,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
   runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
   runtime_settings.device_blocks = chosen.knobs.device_blocks;
   runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
+  runtime_settings.layout_candidate = chosen.knobs.layout_candidate;
   if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
   // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
   // clipping, which needs every gradient's norm first).

@@ -35,13 +35,8 @@ std::string explain_table(const std::array<prediction, PlanSet::size>& plans, st
     const auto& p = plans[i];
     const char* mark = chosen && *chosen == i ? "*" : " ";
     if (!p.feasible) {
-      std::string why = p.limit == plan_limit::ranks
-                            ? "its collective cannot split " + std::to_string(p.needed) + " ranks"
-                        : p.limit == plan_limit::layout
-                            ? "the layout cannot pack the tensors"
-                            : "needs " + format_bytes(p.needed) + " of " + std::string(to_string(p.limit)) +
-                                  ", has " + format_bytes(p.available);
-      std::snprintf(line, sizeof line, "%s %-58s infeasible: %s\n", mark, names[i].c_str(), why.c_str());
+      std::snprintf(line, sizeof line, "%s %-58s infeasible: %s\n", mark, names[i].c_str(),
+                    why_infeasible(p).c_str());
       out += line;
       continue;
     }

@@ -4,6 +4,7 @@
 #include <chunkwise/core/bytes.hpp>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -17,6 +18,7 @@ struct plan_knobs {
   double offload_fraction = 0;      // of the resident chunks, the fraction whose optimizer states are off the device
   std::uint64_t resident_chunks = 0;
   std::uint64_t offloaded_resident_chunks = 0;
+  std::uint32_t layout_candidate = 0;  // which of layout_candidates<Layout> (runtime_options::layout_candidate)
 };
 
 enum class plan_limit : std::uint8_t {
@@ -97,5 +99,14 @@ struct prediction {
   memory_use memory;
   time_breakdown time;
 };
+
+/// Why an infeasible plan does not fit, in words: "needs 1.24 GiB of device memory, has 1.00 GiB", "its collective
+/// cannot split 3 ranks", "the layout cannot pack the tensors".
+inline std::string why_infeasible(const prediction& p) {
+  if (p.limit == plan_limit::ranks) return "its collective cannot split " + std::to_string(p.needed) + " ranks";
+  if (p.limit == plan_limit::layout) return "the layout cannot pack the tensors";
+  return "needs " + format_bytes(p.needed) + " of " + std::string(to_string(p.limit)) + ", has " +
+         format_bytes(p.available);
+}
 
 }  // namespace chunkwise

@@ -68,6 +68,7 @@ namespace detail {
 struct layout_candidate {
   layout_summary summary;
   chunk_trace trace;
+  std::uint32_t index = 0;  // in layout_candidates<Layout>
 };
 
 /// The layout's candidate chunk sizes that can pack the model (none when no candidate can).
@@ -78,7 +79,7 @@ constexpr std::vector<layout_candidate> build_candidates(const model_profile& mo
   for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
     if (!candidates::can_pack(model, options, candidate)) continue;
     const chunk_map map = candidates::build(model, options, candidate);
-    built.push_back({map.summary(), trace_chunks(model, map)});
+    built.push_back({map.summary(), trace_chunks(model, map), static_cast<std::uint32_t>(candidate)});
   }
   return built;
 }
@@ -102,7 +103,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
     return best;
   }
   bool have_infeasible = false;
-  for (const auto& [summary, trace] : candidates) {
+  for (const auto& [summary, trace, candidate_index] : candidates) {
     const detail::chunk_shares shares = detail::shares_of<collective>(model, summary, ranks);
     const std::uint64_t n = summary.chunk_count;
 
@@ -163,7 +164,7 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
           placement::resident_chunks(static_cast<std::size_t>(n), static_cast<std::size_t>(blocks));
       const double effective_fraction =
           resident_chunks == 0 ? fraction : static_cast<double>(offloaded) / static_cast<double>(resident_chunks);
-      p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded};
+      p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded, candidate_index};
       p = detail::check_limits(machine, memory_at(blocks), p);
       if (p.feasible) {  // blocks >= fewest_blocks: every pass's streamed chunks fit the blocks left for streaming
         const std::uint64_t resident = p.knobs.resident_chunks;
@@ -232,8 +233,7 @@ template <class PlanSet>
                std::string(to_string(p.limit)) + ", the machine has " + format_bytes(p.available) + ".";
   message += " Per plan:";
   for (std::size_t i = 0; i < plans.size(); ++i)
-    message += "\n  " + names[i] + ": needs " + format_bytes(plans[i].needed) + " of " +
-               std::string(to_string(plans[i].limit)) + " (has " + format_bytes(plans[i].available) + ")";
+    message += "\n  " + names[i] + ": " + why_infeasible(plans[i]);
   raise(error_code::out_of_memory, message);
 }
 }  // namespace detail

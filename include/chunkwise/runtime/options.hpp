@@ -51,6 +51,10 @@ struct runtime_options {
   /// The chunk capacity the search chose among the layout's candidates (prediction::knobs.chunk_bytes); unset: the
   /// layout's own choice.
   std::optional<byte_count> chunk_bytes{};
+  /// The layout candidate the search chose (prediction::knobs.layout_candidate): where candidates share their
+  /// largest chunk (private_chunks: the private embedding's), the index tells them apart; chunk_bytes, when also
+  /// given, must match it.
+  std::optional<std::size_t> layout_candidate{};
   std::size_t prefetch_depth = 2;  // passes (collective gathers) and accesses (home fetches) issued ahead
   gradient_handover handover = gradient_handover::profile;
   /// Profile hand-over: forward and backward runs of the profile accumulated into one step's gradients.

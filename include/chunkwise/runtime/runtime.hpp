@@ -66,7 +66,7 @@ class runtime {
         plan_agreed_(detail::agree_on_plan<Plan>(model, comm, options)),
         ops_(collective::bind(comm)),
         map_(detail::build_layout<Plan>(model, {static_cast<std::uint32_t>(comm.size()), options.alignment},
-                                        options.chunk_bytes)),
+                                        options.chunk_bytes, options.layout_candidate)),
         pass_chunks_(detail::chunks_by_pass(model_, map_)),
         placement_(detail::place_chunks<Plan>(map_.chunks.size(), pass_chunks_, options)),
         device_(options.device_budget),

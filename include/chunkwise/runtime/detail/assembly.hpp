@@ -50,16 +50,32 @@ bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options
                                  .add(Plan::name())
                                  .add(options.alignment)
                                  .add(options.chunk_bytes.value_or(0))
+                                 .add(options.layout_candidate.value_or(~std::size_t{0}))
                                  .add(options.device_blocks.value_or(0))
                                  .value();
   agree_on_fingerprint(comm, mine, Plan::name() + " on '" + model.name.str() + "'");
   return true;
 }
 
-/// The layout's candidate with the searched chunk capacity (or the layout's own choice).
+/// The layout's candidate the search chose: by its index, or by its chunk capacity (or the layout's own choice).
 template <class Plan>
-chunk_map build_layout(const model_profile& model, const layout_options& options, std::optional<byte_count> chunk_bytes) {
+chunk_map build_layout(const model_profile& model, const layout_options& options, std::optional<byte_count> chunk_bytes,
+                       std::optional<std::size_t> candidate_index = std::nullopt) {
   using candidates = layout_candidates<typename Plan::layout>;
+  if (candidate_index) {
+    const std::size_t c = *candidate_index;
+    if (c >= candidates::count || !candidates::can_pack(model, options, c))
+      raise(error_code::invalid_argument, "runtime: " + Plan::name() + " has no layout candidate " + std::to_string(c) +
+                                              " for this model and " + std::to_string(options.ranks) + " ranks (it has " +
+                                              std::to_string(candidates::count) + "; give the search's knob)");
+    chunk_map map = candidates::build(model, options, c);
+    if (chunk_bytes && map.summary().chunk_bytes != *chunk_bytes)
+      raise(error_code::invalid_argument, "runtime: " + Plan::name() + "'s layout candidate " + std::to_string(c) +
+                                              " has chunks of up to " + std::to_string(map.summary().chunk_bytes) +
+                                              " bytes, not " + std::to_string(*chunk_bytes) +
+                                              " (give both knobs from the same search)");
+    return map;
+  }
   if (!chunk_bytes) return Plan::layout::build(model, options);
   std::string tried;
   for (std::size_t candidate = 0; candidate < candidates::count; ++candidate) {
