@@ -15,12 +15,13 @@
 
 namespace gpt2 {
 
-/// The machines of the job and the link between them, as the cost model takes them (machine_profile's
-/// machines, inter_machine, inter_machine_latency_seconds). Thread ranks: one machine.
+/// The machines of the job and the links inside and between them, as the cost model takes them (machine_profile's
+/// machines, inter_machine, inter_machine_latency_seconds, collective_latency_seconds). Thread ranks: one machine.
 struct machine_links {
   std::uint32_t machines = 1;
   chunkwise::bandwidth_curve inter_machine;
   double latency_seconds = 0;
+  double local_latency_seconds = 0;  // an MPI collective call among one machine's processes; 0: one process each
 };
 
 }  // namespace gpt2
@@ -49,6 +50,8 @@ class process_world {
                       "train_gpt2");
     CHUNKWISE_MPI_TRY(MPI_Comm_size(local, &local_ranks_), "train_gpt2");
     CHUNKWISE_MPI_TRY(MPI_Comm_rank(local, &local_rank_), "train_gpt2");
+    machine_ = world_.rank();  // the machine's name: its first process's world rank
+    CHUNKWISE_MPI_TRY(MPI_Bcast(&machine_, 1, MPI_INT, 0, local), "train_gpt2");
     MPI_Comm_free(&local);
     if (world_.rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
       std::fprintf(stderr, "train_gpt2 (rank %d): could not silence stdout\n", world_.rank());
@@ -69,37 +72,25 @@ class process_world {
   }
 
   /// The machines (one process each, the machine's first, all-reducing) and the link between them: the bus
-  /// bandwidth of an all-reduce of 64 KiB to 16 MiB and the time of an 8-byte one. A collective call of every
-  /// process; with one machine, nothing is measured.
+  /// bandwidth of an all-reduce of 64 KiB to 16 MiB and the time of an 8-byte one; and the time of an 8-byte
+  /// all-reduce among the processes of one machine (rank 0's), the fixed cost the planner charges a collective call
+  /// inside a machine (the host profile's is thread_comm's). A collective call of every process.
   machine_links measure_links() {
+    machine_links links;
+    auto here = world_.split(machine_, world_.rank());
+    if (here.size() > 1) links.local_latency_seconds = seconds_per_call(here, 2, 50);
     int leader = local_rank_ == 0 ? 1 : 0, leaders = 0;
     CHUNKWISE_MPI_TRY(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, world_.native()), "train_gpt2");
-    machine_links links;
     links.machines = static_cast<std::uint32_t>(leaders);
-    if (leaders <= 1) return links;
-    auto between = world_.split(leader ? 0 : 1, world_.rank());
-    if (leader) {
-      const auto seconds_per_call = [&](std::size_t count, int repeats) {
-        std::vector<float> in(count, 1.0f), out(count);
-        const auto once = [&] {
-          between.all_reduce(std::span<const float>(in), std::span<float>(out), chunkwise::reduce_op::sum).wait();
-        };
-        once();  // connections made, buffers touched
-        std::vector<double> samples;
-        for (int round = 0; round < 5; ++round) {
-          CHUNKWISE_MPI_TRY(MPI_Barrier(between.native()), "train_gpt2");
-          const double start = MPI_Wtime();
-          for (int i = 0; i < repeats; ++i) once();
-          samples.push_back((MPI_Wtime() - start) / repeats);
-        }
-        std::nth_element(samples.begin(), samples.begin() + 2, samples.end());
-        return samples[2];
-      };
-      links.latency_seconds = seconds_per_call(2, 20);
-      const double m = leaders;
-      for (const std::size_t bytes : {64u << 10, 1u << 20, 16u << 20})
-        links.inter_machine.add(bytes, static_cast<double>(bytes) * 2 * (m - 1) / m /
-                                           seconds_per_call(bytes / sizeof(float), bytes >= (1u << 20) ? 2 : 10));
+    if (leaders > 1) {
+      auto between = world_.split(leader ? 0 : 1, world_.rank());
+      if (leader) {
+        links.latency_seconds = seconds_per_call(between, 2, 20);
+        const double m = leaders;
+        for (const std::size_t bytes : {64u << 10, 1u << 20, 16u << 20})
+          links.inter_machine.add(bytes, static_cast<double>(bytes) * 2 * (m - 1) / m /
+                                             seconds_per_call(between, bytes / sizeof(float), bytes >= (1u << 20) ? 2 : 10));
+      }
     }
     return from_rank0(links);  // world rank 0 is the first machine's first process
   }
@@ -113,10 +104,30 @@ class process_world {
   }
 
  private:
+  /// Seconds per all-reduce of `count` floats among `comm`'s processes: the median of 5 rounds of `repeats` calls,
+  /// after one that makes the connections and touches the buffers.
+  static double seconds_per_call(chunkwise::mpi_comm& comm, std::size_t count, int repeats) {
+    std::vector<float> in(count, 1.0f), out(count);
+    const auto once = [&] {
+      comm.all_reduce(std::span<const float>(in), std::span<float>(out), chunkwise::reduce_op::sum).wait();
+    };
+    once();
+    std::vector<double> samples;
+    for (int round = 0; round < 5; ++round) {
+      CHUNKWISE_MPI_TRY(MPI_Barrier(comm.native()), "train_gpt2");
+      const double start = MPI_Wtime();
+      for (int i = 0; i < repeats; ++i) once();
+      samples.push_back((MPI_Wtime() - start) / repeats);
+    }
+    std::nth_element(samples.begin(), samples.begin() + 2, samples.end());
+    return samples[2];
+  }
+
   chunkwise::mpi_environment environment_;
   chunkwise::mpi_comm world_;
   int local_ranks_ = 1;
   int local_rank_ = 0;
+  int machine_ = 0;  // the world rank of this machine's first process
 };
 
 }  // namespace gpt2

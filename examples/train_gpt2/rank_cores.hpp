@@ -5,15 +5,28 @@
 #include <algorithm>
 #include <thread>
 
+#include <sched.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace gpt2 {
 
-/// The cores of this machine divided among the `ranks_here` ranks on it (at least one each).
+/// The cores this process may run on: fewer than the machine's where a launcher bound it (mpirun binds each of a
+/// few processes to a core).
+inline int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, CPU_COUNT(&set));
+}
+
+/// The cores of this machine divided among the `ranks_here` ranks on it (at least one each), no more than this
+/// process may use.
 inline int cores_per_rank(int ranks_here) {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(ranks_here)));
+  const int share = static_cast<int>(std::thread::hardware_concurrency()) / std::max(ranks_here, 1);
+  return std::max(1, std::min(share, usable_cores()));
 }
 
 /// Makes the calling thread's OpenMP loops use its rank's share of the cores; call it first in every rank's thread.

@@ -697,16 +697,26 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
     machine.device_flops_per_second = gpt2::measure_device_pass_flops(o.model);
   else
 #endif
-    machine.device_flops_per_second = gpt2::measure_pass_flops(o.model, o.ranks_here, o.type);
+    // Thread ranks: all of this machine's ranks computing at once in this process. MPI processes a launcher bound
+    // to their own cores: one rank on this process's cores (its threads would otherwise share them: 2 processes on
+    // 2 cores measured half the rate the step ran at).
+    machine.device_flops_per_second = gpt2::measure_pass_flops(
+        o.model, o.comm == "mpi" && gpt2::usable_cores() < static_cast<int>(std::thread::hardware_concurrency())
+                     ? 1 : o.ranks_here, o.type);
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
               "(GEMM peak %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
               o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
               gemm_flops / 1e9);
-  if (o.comm == "threads" && o.ranks > 1) {
+  // The fixed cost of a collective call among this run's ranks of one machine, measured with them (the profile's is
+  // 2 thread ranks'): thread ranks outnumbering the cores take turns, MPI processes pay MPI's own.
+  if (o.comm == "threads" && o.ranks > 1)
     machine.collective_latency_seconds = chunkwise::measure_thread_collective_latency(o.ranks);
-    std::printf("collective latency %.1f us with %d ranks\n", machine.collective_latency_seconds * 1e6, o.ranks);
-  }
+  else if (links.local_latency_seconds > 0)
+    machine.collective_latency_seconds = links.local_latency_seconds;
+  if (o.ranks_here > 1)
+    std::printf("collectives: %.0f us per call among this machine's %d %s\n", machine.collective_latency_seconds * 1e6,
+                o.ranks_here, o.comm == "mpi" ? "processes" : "thread ranks");
   print_memory(o, model, machine.device_memory, measured_memory);
 
   // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says

@@ -440,7 +440,7 @@ elseif(SUITE STREQUAL "json")
     foreach(_field_type name:STRING feasible:BOOLEAN chosen:BOOLEAN peak_device_bytes:INTEGER host_bytes:INTEGER
                         nvme_bytes:INTEGER step_seconds:NUMBER_OR_NULL knobs:OBJECT memory:OBJECT time:OBJECT
                         knobs.chunk_bytes:INTEGER knobs.chunks:INTEGER knobs.device_blocks:INTEGER
-                        knobs.offload_fraction:NUMBER knobs.resident_chunks:INTEGER
+                        knobs.offload_fraction:NUMBER knobs.resident_chunks:INTEGER knobs.layout_candidate:INTEGER
                         memory.device_parameters:INTEGER memory.device_working:INTEGER
                         memory.device_optimizer:INTEGER memory.device_activations:INTEGER
                         time.compute:NUMBER time.collective:NUMBER time.host_to_device:NUMBER

@@ -130,8 +130,8 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
     cudaFree(arrays);
     options.progress("fused CUDA AdamW: " + detail::format_rate(m.device_optimizer_params_per_second, " params/s"));
   }
-  // Collectives over every GPU of this process.
-  m.collective_latency_seconds = 10e-6;
+  // Collectives over every GPU of this process: bus bandwidth by message size, and the fixed cost of a call.
+  m.collective_latency_seconds = 10e-6;  // one GPU: no collective runs; a typical NCCL call's, to keep it complete
   if (devices <= 1) {
     const double bus = m.host_to_device_bytes_per_second;  // unused on one rank; keep the profile complete
     m.all_gather = m.reduce_scatter = m.all_reduce = bandwidth_curve::flat(bus);
@@ -150,9 +150,9 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
       CHUNKWISE_CUDA_TRY(cudaStreamCreate(&streams[static_cast<std::size_t>(d)]), std::string("measure: stream"));
       CHUNKWISE_CUDA_TRY(cudaMalloc(&buffers[static_cast<std::size_t>(d)], largest * 2), std::string("measure: NCCL buffers"));
     }
-    const auto run = [&](int kind, std::size_t count) {  // count: elements per rank
+    const auto run = [&](int kind, std::size_t count, int repeats = 5) {  // count: elements per rank
       const auto start = std::chrono::steady_clock::now();
-      for (int repeat = 0; repeat < 5; ++repeat) {
+      for (int repeat = 0; repeat < repeats; ++repeat) {
         ncclGroupStart();
         for (int d = 0; d < devices; ++d) {
           float* buffer = buffers[static_cast<std::size_t>(d)];
@@ -165,8 +165,12 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
         ncclGroupEnd();
       }
       for (int d = 0; d < devices; ++d) cudaStreamSynchronize(streams[static_cast<std::size_t>(d)]);
-      return detail::seconds_since(start) / 5;
+      return detail::seconds_since(start) / repeats;
     };
+    // The fixed cost of one call: all-reduces of one float, back to back after a warm-up (launch and protocol
+    // latency; the cost model charges it per chunk collective besides the bytes).
+    run(2, 1, 10);
+    m.collective_latency_seconds = run(2, 1, 200);
     const double factor = static_cast<double>(devices - 1) / devices;
     for (const byte_count bytes : {1 * MiB, 16 * MiB, 64 * MiB}) {
       const std::size_t count = bytes / sizeof(float) / static_cast<std::size_t>(devices);
@@ -184,7 +188,8 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
     cudaSetDevice(0);
     options.progress("NCCL over " + std::to_string(devices) + " GPUs at 64 MiB: all-gather " +
                      detail::format_rate(m.all_gather.at(64 * MiB)) + ", all-reduce " +
-                     detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth");
+                     detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth, " +
+                     std::to_string(static_cast<int>(m.collective_latency_seconds * 1e6 + 0.5)) + " us per call");
 #else
     detail::raise(error_code::unsupported, "measure: several GPUs need NCCL to measure collectives; build with CHUNKWISE_NCCL=ON");
 #endif
