@@ -48,6 +48,14 @@ constexpr std::vector<unsigned char> private_tensors(const model_profile& model,
   return alone;
 }
 
+/// The largest tensor that does not get a chunk of its own (0 when every tensor does).
+constexpr byte_count largest_shared_tensor(const model_profile& model, const std::vector<unsigned char>& alone) {
+  byte_count largest = 0;
+  for (std::size_t i = 0; i < model.tensors.size(); ++i)
+    if (alone[i] == 0 && model.tensors[i].bytes() > largest) largest = model.tensors[i].bytes();
+  return largest;
+}
+
 /// The capacity search: every candidate when there are at most this many, else a coarse grid and the granule steps
 /// around its best points.
 inline constexpr std::uint64_t exhaustive_capacities = 1024;
@@ -94,18 +102,13 @@ constexpr byte_count shrunk_waste(const std::vector<detail::tensor_extent>& exte
 constexpr chunk_size_search shared_chunk_search(const model_profile& model, const layout_options& options,
                                                 const std::vector<unsigned char>& alone, byte_count search_range,
                                                 byte_count min_chunk, byte_count max_chunk) {
-  byte_count largest_shared = 0;
   std::vector<detail::tensor_extent> extents;
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     const byte_count bytes = model.tensors[i].bytes();
-    if (alone[i]) {
-      extents.push_back({0, 0, false, true});
-    } else {
-      largest_shared = bytes > largest_shared ? bytes : largest_shared;
-      extents.push_back({bytes, round_up(bytes, options.alignment), false, false});
-    }
+    if (alone[i]) extents.push_back({0, 0, false, true});
+    else extents.push_back({bytes, round_up(bytes, options.alignment), false, false});
   }
-  auto range = capacity_range(largest_shared, options, search_range, min_chunk);
+  auto range = capacity_range(largest_shared_tensor(model, alone), options, search_range, min_chunk);
   if (max_chunk != 0) {
     const byte_count cap = max_chunk / range.granule * range.granule;
     range.highest = cap < range.lowest ? range.lowest : (cap < range.highest ? cap : range.highest);
@@ -161,6 +164,17 @@ constexpr chunk_map pack_with_private(const model_profile& model, byte_count cap
   return detail::pack(model, capacity, options, [&](std::uint32_t i) { return alone[i] != 0; }, true);
 }
 
+/// The whole layout at these knobs: private tensors alone, the shared ones at the searched capacity (private_chunks'
+/// build, and its smaller chunk-size candidates with other ranges).
+constexpr chunk_map build_private(const model_profile& model, const layout_options& options, byte_count search_range,
+                                  byte_count min_chunk, byte_count max_chunk, unsigned sigmas) {
+  validate(model);
+  validate(options);
+  const auto alone = private_tensors(model, sigmas);
+  const auto shared = shared_chunk_search(model, options, alone, search_range, min_chunk, max_chunk);
+  return pack_with_private(model, shared.best, options, alone);
+}
+
 template <byte_count SearchRange = 64 * MiB, byte_count MinChunk = 32 * MiB, byte_count MaxChunk = 64 * MiB,
           unsigned OutlierSigmas = 3>
 struct private_chunks {
@@ -180,11 +194,7 @@ struct private_chunks {
                                MaxChunk);
   }
   static constexpr chunk_map build(const model_profile& model, const layout_options& options) {
-    validate(model);
-    validate(options);
-    const auto alone = private_tensors(model, OutlierSigmas);
-    const auto shared = shared_chunk_search(model, options, alone, SearchRange, MinChunk, MaxChunk);
-    return pack_with_private(model, shared.best, options, alone);
+    return build_private(model, options, SearchRange, MinChunk, MaxChunk, OutlierSigmas);
   }
   static constexpr layout_summary summarize(const model_profile& model, const layout_options& options) {
     return build(model, options).summary();

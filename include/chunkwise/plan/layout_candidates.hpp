@@ -70,19 +70,11 @@ struct layout_candidates<layout::private_chunks<SearchRange, MinChunk, MaxChunk,
   /// A smaller range than a shared tensor would only repeat the one above it: not offered.
   static constexpr bool can_pack(const model_profile& model, const layout_options& options, std::size_t candidate) {
     if (candidate == 0 || MaxChunk == 0) return true;
-    const auto alone = layout::private_tensors(model, Sigmas);
-    byte_count largest_shared = 0;
-    for (std::size_t i = 0; i < model.tensors.size(); ++i)
-      if (alone[i] == 0 && model.tensors[i].bytes() > largest_shared) largest_shared = model.tensors[i].bytes();
+    const byte_count largest_shared = layout::largest_shared_tensor(model, layout::private_tensors(model, Sigmas));
     return round_up(largest_shared, options.granule()) <= max_chunk(candidate) / options.granule() * options.granule();
   }
   static constexpr chunk_map build(const model_profile& model, const layout_options& options, std::size_t candidate) {
-    validate(model);
-    validate(options);
-    const auto alone = layout::private_tensors(model, Sigmas);
-    const auto shared = layout::shared_chunk_search(model, options, alone, SearchRange, min_chunk(candidate),
-                                                    max_chunk(candidate));
-    return layout::pack_with_private(model, shared.best, options, alone);
+    return layout::build_private(model, options, SearchRange, min_chunk(candidate), max_chunk(candidate), Sigmas);
   }
 };
 
