@@ -257,6 +257,24 @@ TEST_CASE("the tied wte gradient is the sum of the embedding's and the head's co
   CHECK(largest_embedding > 1e-6);
 }
 
+TEST_CASE("GELU's vectorised exp and tanh stay within float's rounding of libm's") {
+  // exp: within 1 ulp (relative 1.2e-7) over the whole clamped range; tanh within 2e-7 absolute, +-1 at the ends
+  double worst_exp = 0, worst_tanh = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.001953125f) {
+    const double exact = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::abs(gpt2::gelu_math::exp_approx(x) - exact) / exact);
+  }
+  for (float u = -12.0f; u <= 12.0f; u += 0.0001220703125f)
+    worst_tanh = std::max(worst_tanh, std::abs(gpt2::gelu_math::tanh_approx(u) - std::tanh(static_cast<double>(u))));
+  CAPTURE(worst_exp);
+  CAPTURE(worst_tanh);
+  CHECK(worst_exp <= 1.2e-7);
+  CHECK(worst_tanh <= 2e-7);
+  CHECK(gpt2::gelu_math::tanh_approx(100.0f) == 1.0f);
+  CHECK(gpt2::gelu_math::tanh_approx(-100.0f) == -1.0f);
+  CHECK(gpt2::gelu_math::exp_approx(-1000.0f) > 0.0f);
+}
+
 TEST_CASE("the reference trainer's loss falls over 30 steps on the shipped text") {
   const omp_threads one_thread(1);
   const auto config = tiny_config();

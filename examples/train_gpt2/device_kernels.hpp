@@ -6,6 +6,7 @@
 // and every sum runs in the CPU loops' order: the two differ only by the device's rounding of exp, tanh and fused
 // multiply-adds. The matrix products are not here: cuBLAS on the GPU, the CPU loops on the host
 // (device_model_impl.hpp).
+#include "gelu_math.hpp"    // GPT2_HOST_DEVICE, tanh_approx
 #include "gpt2_model.hpp"  // kernels::softmax_segment
 
 #include <thrust/execution_policy.h>
@@ -30,12 +31,6 @@
 #endif
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
-#endif
-
-#if defined(__CUDACC__)
-#define GPT2_HOST_DEVICE __host__ __device__
-#else
-#define GPT2_HOST_DEVICE
 #endif
 
 namespace gpt2::device_kernels {
@@ -497,7 +492,7 @@ struct gelu_forward {
     const float x = inp[i];
     const float cube = 0.044715f * x * x * x;
     const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);  // as the CPU loop rounds it
-    out[i] = 0.5f * x * (1.0f + tanhf(gelu_scaling * (x + cube)));
+    out[i] = 0.5f * x * (1.0f + gelu_math::tanh_approx(gelu_scaling * (x + cube)));
   }
 };
 
@@ -509,7 +504,7 @@ struct gelu_backward {
     const float x = inp[i];
     const float cube = 0.044715f * x * x * x;
     const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);
-    const float tanh_out = tanhf(gelu_scaling * (x + cube));
+    const float tanh_out = gelu_math::tanh_approx(gelu_scaling * (x + cube));
     const float sech2 = 1.0f - tanh_out * tanh_out;
     const float local_grad =
         0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * gelu_scaling * (1.0f + 3.0f * 0.044715f * x * x);

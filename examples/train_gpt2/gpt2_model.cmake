@@ -8,6 +8,10 @@ target_include_directories(chunkwise_gpt2_model INTERFACE ${CMAKE_CURRENT_LIST_D
 target_link_libraries(chunkwise_gpt2_model INTERFACE chunkwise::chunkwise)
 target_compile_definitions(chunkwise_gpt2_model INTERFACE
   CHUNKWISE_GPT2_DATA_FILE="${CMAKE_CURRENT_LIST_DIR}/data/kjv_genesis_exodus.txt")
+# Floating-point operations may be speculated (they never trap here: no FP exceptions are enabled), so the compiler
+# vectorises loops with comparisons (GELU's exp clamps its argument: without this, that loop stays scalar). Results
+# do not change: unlike -ffast-math, this allows no reassociation or other rewriting of the arithmetic.
+target_compile_options(chunkwise_gpt2_model INTERFACE $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-fno-trapping-math>)
 # Not under ThreadSanitizer: libgomp is not instrumented, so its own barriers would be reported as races.
 if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
   find_package(OpenMP COMPONENTS CXX)

@@ -33,6 +33,7 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 
+#include "gelu_math.hpp"
 #include "matmul_engine.hpp"
 
 #include <algorithm>
@@ -415,30 +416,50 @@ void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, c
   }
 }
 
+// y[i] += x[i] * a for i < n: the attention's inner loops, vectorised (y and x never overlap).
+template <class Real>
+void add_scaled(Real* __restrict y, const Real* __restrict x, Real a, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += x[i] * a;
+}
+
+// The channels of one head's keys or values (part 1 or 2 of qkv) for every position, transposed to (hs, T): a
+// query's dot products with all keys then vectorise over the keys, each still summed over the channels in order.
+template <class Real>
+std::vector<Real> head_transposed(const Real* inp, std::size_t b, std::size_t h, std::size_t part, std::size_t T,
+                                  std::size_t C, std::size_t hs) {
+  std::vector<Real> transposed(hs * T);
+  for (std::size_t t = 0; t < T; ++t) {
+    const Real* row = inp + (b * T + t) * 3 * C + part * C + h * hs;
+    for (std::size_t i = 0; i < hs; ++i) transposed[i * T + t] = row[i];
+  }
+  return transposed;
+}
+
 // Causal multi-head self-attention. inp is qkv (B, T, 3C): query, key, value at channel offsets 0, C, 2C, each split
 // into NH heads of hs = C / NH channels. preatt and att are (B, NH, T, T); only t2 <= t is written (the rest stays 0).
+// Parallel over (b, h). Every element is summed in llm.c's order (the device functors' too), only the loops are
+// arranged so that the inner one runs over independent elements.
 template <class Real>
 void attention_forward(Real* out, Real* preatt, Real* att, const Real* inp, std::size_t B, std::size_t T,
                        std::size_t C, std::size_t NH) {
   const std::size_t C3 = 3 * C, hs = C / NH;
   const Real scale = Real(1) / std::sqrt(Real(hs));
-#pragma omp parallel for collapse(3)
+#pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < T; ++t)
-      for (std::size_t h = 0; h < NH; ++h) {
+    for (std::size_t h = 0; h < NH; ++h) {
+      const std::vector<Real> keys = head_transposed(inp, b, h, 1, T, C, hs);
+      for (std::size_t t = 0; t < T; ++t) {
         const Real* query = inp + (b * T + t) * C3 + h * hs;
         Real* preatt_bth = preatt + ((b * NH + h) * T + t) * T;
         Real* att_bth = att + ((b * NH + h) * T + t) * T;
 
         // 1: scores q.k / sqrt(hs) and their maximum
+        std::fill(preatt_bth, preatt_bth + t + 1, Real(0));
+        for (std::size_t i = 0; i < hs; ++i) add_scaled(preatt_bth, keys.data() + i * T, query[i], t + 1);
         Real maxval = -std::numeric_limits<Real>::infinity();
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          const Real* key = inp + (b * T + t2) * C3 + h * hs + C;
-          Real score = 0;
-          for (std::size_t i = 0; i < hs; ++i) score += query[i] * key[i];
-          score *= scale;
-          maxval = std::max(maxval, score);
-          preatt_bth[t2] = score;
+          preatt_bth[t2] *= scale;
+          maxval = std::max(maxval, preatt_bth[t2]);
         }
         // 2: softmax over t2 <= t (the causal mask: later positions get weight 0)
         Real expsum = 0;
@@ -450,12 +471,11 @@ void attention_forward(Real* out, Real* preatt, Real* att, const Real* inp, std:
         for (std::size_t t2 = 0; t2 <= t; ++t2) att_bth[t2] /= expsum;
         // 3: weighted sum of the values
         Real* out_bth = out + (b * T + t) * C + h * hs;
-        for (std::size_t i = 0; i < hs; ++i) out_bth[i] = 0;
-        for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          const Real* value = inp + (b * T + t2) * C3 + h * hs + 2 * C;
-          for (std::size_t i = 0; i < hs; ++i) out_bth[i] += att_bth[t2] * value[i];
-        }
+        std::fill(out_bth, out_bth + hs, Real(0));
+        for (std::size_t t2 = 0; t2 <= t; ++t2)
+          add_scaled(out_bth, inp + (b * T + t2) * C3 + h * hs + 2 * C, att_bth[t2], hs);
       }
+    }
 }
 
 // Parallel over (b, h): each pair owns its slice of dinp (the head's channels) and of datt, dpreatt.
@@ -468,7 +488,8 @@ void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout,
   const Real scale = Real(1) / std::sqrt(Real(hs));
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t h = 0; h < NH; ++h)
+    for (std::size_t h = 0; h < NH; ++h) {
+      const std::vector<Real> values = head_transposed(inp, b, h, 2, T, C, hs);
       for (std::size_t t = 0; t < T; ++t) {
         const Real* att_bth = att + ((b * NH + h) * T + t) * T;
         Real* datt_bth = datt + ((b * NH + h) * T + t) * T;
@@ -477,30 +498,32 @@ void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout,
         const Real* query = inp + (b * T + t) * C3 + h * hs;
         Real* dquery = dinp + (b * T + t) * C3 + h * hs;
 
-        // 3: the weighted sum of values
-        for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          const Real* value = inp + (b * T + t2) * C3 + h * hs + 2 * C;
-          Real* dvalue = dinp + (b * T + t2) * C3 + h * hs + 2 * C;
-          for (std::size_t i = 0; i < hs; ++i) {
-            datt_bth[t2] += value[i] * dout_bth[i];
-            dvalue[i] += att_bth[t2] * dout_bth[i];
-          }
-        }
+        // 3: the weighted sum of values: datt[t2] += v(t2) . dout(t), dv(t2) += att[t2] * dout(t)
+        for (std::size_t i = 0; i < hs; ++i) add_scaled(datt_bth, values.data() + i * T, dout_bth[i], t + 1);
+        for (std::size_t t2 = 0; t2 <= t; ++t2)
+          add_scaled(dinp + (b * T + t2) * C3 + h * hs + 2 * C, dout_bth, att_bth[t2], hs);
         // 2: the softmax
         Real weighted = 0;
         for (std::size_t t2 = 0; t2 <= t; ++t2) weighted += att_bth[t2] * datt_bth[t2];
         for (std::size_t t2 = 0; t2 <= t; ++t2) dpreatt_bth[t2] += att_bth[t2] * (datt_bth[t2] - weighted);
-        // 1: the scores
+        // 1: the scores: dq(t) += k(t2) * d, dk(t2) += q(t) * d
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          const Real* key = inp + (b * T + t2) * C3 + h * hs + C;
-          Real* dkey = dinp + (b * T + t2) * C3 + h * hs + C;
           const Real d = dpreatt_bth[t2] * scale;
-          for (std::size_t i = 0; i < hs; ++i) {
-            dquery[i] += key[i] * d;
-            dkey[i] += query[i] * d;
-          }
+          add_scaled(dquery, inp + (b * T + t2) * C3 + h * hs + C, d, hs);
+          add_scaled(dinp + (b * T + t2) * C3 + h * hs + C, query, d, hs);
         }
       }
+    }
+}
+
+// tanh for GELU: in float gelu_math's, which vectorises (and which the device functors share); libm's in double,
+// where the gradient test checks the maths against finite differences.
+template <class Real>
+Real gelu_tanh(Real u) {
+  if constexpr (std::is_same_v<Real, float>)
+    return gelu_math::tanh_approx(u);
+  else
+    return std::tanh(u);
 }
 
 // GELU, tanh approximation (as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -511,7 +534,7 @@ void gelu_forward(Real* out, const Real* inp, std::size_t N) {
   for (std::size_t i = 0; i < N; ++i) {
     const Real x = inp[i];
     const Real cube = Real(0.044715) * x * x * x;
-    out[i] = Real(0.5) * x * (Real(1) + std::tanh(scaling * (x + cube)));
+    out[i] = Real(0.5) * x * (Real(1) + gelu_tanh(scaling * (x + cube)));
   }
 }
 
@@ -522,7 +545,7 @@ void gelu_backward(Real* dinp, const Real* inp, const Real* dout, std::size_t N)
   for (std::size_t i = 0; i < N; ++i) {
     const Real x = inp[i];
     const Real cube = Real(0.044715) * x * x * x;
-    const Real tanh_out = std::tanh(scaling * (x + cube));
+    const Real tanh_out = gelu_tanh(scaling * (x + cube));
     const Real sech2 = Real(1) - tanh_out * tanh_out;  // 1 / cosh^2
     const Real local_grad = Real(0.5) * (Real(1) + tanh_out) +
                             x * Real(0.5) * sech2 * scaling * (Real(1) + Real(3) * Real(0.044715) * x * x);
