@@ -154,6 +154,18 @@ TEST_CASE("initialisation is llm.c's and each tensor's values depend only on its
   gpt2::init_parameter(config, "wte", std::span<float>(other), 43);
   CHECK_FALSE(std::equal(other.begin(), other.end(), trainer.parameter(gpt2::wte_index).begin()));
 
+  // a tensor is drawn by threads at once (each element's two draws found by skipping ahead): the values one
+  // generator drawing them in order gives, whatever the thread count
+  const auto wpe = trainer.parameter(gpt2::wpe_index);
+  gpt2::splitmix64 in_order(42 ^ gpt2::name_hash("wpe"));
+  for (std::size_t i = 0; i < wpe.size(); ++i) REQUIRE(wpe[i] == static_cast<float>(0.02 * in_order.normal()));
+  {
+    const omp_threads one_thread(1);
+    std::vector<float> serial(wpe.size());
+    gpt2::init_parameter(config, "wpe", std::span<float>(serial), 42);
+    CHECK(std::equal(serial.begin(), serial.end(), wpe.begin(), wpe.end()));
+  }
+
   std::vector<float> wrong(7);
   CHECK_THROWS_AS(gpt2::init_parameter(config, "wte", std::span<float>(wrong), 42), chunkwise::error);
   CHECK_THROWS_AS(gpt2::init_parameter(config, "h.9.ln_1.weight", std::span<float>(wrong), 42), chunkwise::error);

@@ -58,28 +58,55 @@ using trainable_plans = chunkwise::plan_set<
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<4>, plans::optimizer_follows_home>,
     chunkwise::plan<plans::chunks, plans::resident, plans::hybrid<8>, plans::optimizer_follows_home>>;
 
-/// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: each rank
-/// runs the plain trainer's forward and backward (one warm-up round, then rounds as below) on its own batch of the model,
-/// cut to as many layers as fit 1 GiB of training state (so a 48-layer model is timed on a few of its layers, not in
-/// a whole unchunked copy of itself), and that profile's FLOPs per iteration are divided by the median round: the
-/// time from all ranks starting an iteration together (a barrier) to the last one finishing it. Rounds, not each
-/// rank's own iterations: ranks outnumbering the cores take turns, and a rank's iteration timed alone while the others
-/// waited measured a core's rate where a step gets a share of it (3 ranks on 2 cores: predicted 10 ms, measured 19).
-/// A median, so a burst of other work on the machine does not set the rate. The cost model's compute
-/// rate for this trainer (a generic GEMM benchmark overstates naive loops several times). With 16-bit chunks
-/// (`type` bf16 or fp16) each iteration also pays fp32_compute's conversions, timed on as many elements as the cut
-/// model has parameters: its parameters widened for forward and again for backward, its gradients added into 16-bit
-/// accumulators.
-inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtype type = chunkwise::dtype::fp32,
+namespace detail {
+
+/// Runs the schedule's passes on a reference trainer and sums the time spent in the blocks' (labels "h.<l>").
+struct block_timing_executor {
+  reference_trainer& trainer;
+  double block_seconds = 0;
+
+  template <class Body>
+  void pass(const pass_info& info, Body&& body) {
+    if (!info.label.starts_with("h.")) return trainer.pass(info, body);
+    const auto start = std::chrono::steady_clock::now();
+    trainer.pass(info, body);
+    block_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+}  // namespace detail
+
+/// The FLOP/s the model's pass functions reach on this machine with `ranks` thread ranks computing at once: the
+/// cost model's compute rate for this trainer (a generic GEMM benchmark overstates naive loops several times, and a
+/// FLOP count misses the element-wise passes).
+///
+/// Each rank runs forward and backward (one warm-up round, then rounds as below) on its own batch of the model cut
+/// to at most 2 blocks, whatever its size (a whole copy of a 48-layer model would not fit beside the run; 9 blocks of
+/// 12x768 took 7 s to time). The time of a round is from all ranks starting an iteration together (a barrier) to
+/// the last one finishing it: ranks outnumbering the cores take turns, and a rank's iteration timed alone while the
+/// others waited measured a core's rate where a step gets a share of it (3 ranks on 2 cores: predicted 10 ms,
+/// measured 19). Rank 0 also times its block passes: the whole model's round is the cut model's with the blocks'
+/// share scaled to `layers` blocks, each from the same iteration, so noise between runs cancels (timing 1 and 2
+/// blocks separately and taking the difference missed by 30%). Medians, so a burst of other work on the machine sets
+/// neither. With 16-bit chunks each iteration also pays fp32_compute's conversions, on as many elements as the cut
+/// model has parameters (its parameters widened for forward and again for backward, its gradients added into 16-bit
+/// accumulators), scaled with the parameters to the whole model's.
+inline double measure_pass_flops(const model_config& config, int ranks, chunkwise::dtype type = chunkwise::dtype::fp32,
                                  int iterations = 7, double min_seconds = 0.3) {
-  const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
-  config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
-  const chunkwise::model_profile model = trace_profile(config);
+  auto cut = config;
+  cut.layers = std::min<std::size_t>(config.layers, 2);
+  const auto parameters = [](const model_config& c) {
+    std::size_t elements = 0;
+    for (const auto& tensor : parameter_tensors(c)) elements += tensor.elements;
+    return static_cast<double>(elements);
+  };
+  const double block_scale = static_cast<double>(config.layers) / static_cast<double>(cut.layers);
+  const double parameter_scale = parameters(config) / parameters(cut);
   // The barrier's completion (one thread, all others waiting) times the rounds and decides whether to go on: at
   // least `iterations` rounds after the warm-up one, more until `min_seconds` have passed (a small model's 6 ms
   // rounds: 7 of them varied by 20% between runs), at most 200.
   using clock = std::chrono::steady_clock;
-  std::vector<double> rounds;
+  std::vector<double> rounds, scales;  // scales: rank 0's whole-model iteration over its cut-model one
   clock::time_point round_start, first_start;
   bool in_round = false, more = true;
   std::barrier round(ranks, [&]() noexcept {
@@ -99,14 +126,14 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       compute_on_rank_cores(ranks);
-      reference_trainer trainer(config, 1);
-      std::vector<int> tokens(config.batch * config.context), targets(tokens.size());
+      reference_trainer trainer(cut, 1);
+      detail::block_timing_executor run{trainer};
+      std::vector<int> tokens(cut.batch * cut.context), targets(tokens.size());
       for (std::size_t i = 0; i < tokens.size(); ++i) {
-        tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % config.vocab);
-        targets[i] = static_cast<int>((i * 11 + 3) % config.vocab);
+        tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % cut.vocab);
+        targets[i] = static_cast<int>((i * 11 + 3) % cut.vocab);
       }
-      std::size_t elements = 0;
-      for (const auto& tensor : model.tensors) elements += tensor.elements;
+      const auto elements = static_cast<std::size_t>(parameters(cut));
       std::function<void()> convert = [] {};
       chunkwise::visit_element(type, "measure_pass_flops", [&]<class T>(T) {
         if constexpr (!std::is_same_v<T, float>) {
@@ -122,17 +149,30 @@ inline double measure_pass_flops(model_config config, int ranks, chunkwise::dtyp
       });
       do {
         round.arrive_and_wait();  // all start together
+        const auto start = clock::now();
+        run.block_seconds = 0;
         trainer.zero_gradients();
-        trainer.forward(tokens.data(), targets.data());
-        trainer.backward(tokens.data(), targets.data());
+        forward(run, cut, tokens.data(), targets.data());
+        backward(run, cut, tokens.data(), targets.data());
+        const auto computed = clock::now();
         convert();
+        const auto end = clock::now();
+        if (r == 0) {
+          const double iteration = std::chrono::duration<double>(end - start).count();
+          const double conversions = std::chrono::duration<double>(end - computed).count();
+          const double rest = iteration - run.block_seconds - conversions;
+          scales.push_back((rest + run.block_seconds * block_scale + conversions * parameter_scale) / iteration);
+        }
         round.arrive_and_wait();  // the last one is done
       } while (more);
     });
   for (auto& t : threads) t.join();
-  rounds.erase(rounds.begin());  // the warm-up
-  std::nth_element(rounds.begin(), rounds.begin() + static_cast<std::ptrdiff_t>(rounds.size() / 2), rounds.end());
-  return static_cast<double>(model.total_flops()) / rounds[rounds.size() / 2];
+  const auto median = [](std::vector<double> values) {
+    values.erase(values.begin());  // the warm-up
+    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+    return values[values.size() / 2];
+  };
+  return static_cast<double>(trace_profile(config).total_flops()) / (median(rounds) * median(scales));
 }
 
 /// The runtime's tensor initializer: tensor t (in profile order) gets the reference trainer's initial values.

@@ -12,8 +12,14 @@ class splitmix64 {
  public:
   explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
 
+  /// The generator seeded with `seed` after `calls` calls of next(): its state only counts them, so a stream can be
+  /// cut into pieces that threads draw at once, giving the very values one thread would.
+  static splitmix64 after(std::uint64_t seed, std::uint64_t calls) noexcept {
+    return splitmix64(seed + calls * increment);
+  }
+
   std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    std::uint64_t z = (state_ += increment);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
@@ -33,6 +39,7 @@ class splitmix64 {
   }
 
  private:
+  static constexpr std::uint64_t increment = 0x9e3779b97f4a7c15ULL;
   std::uint64_t state_;
 };
 

@@ -64,9 +64,13 @@ void init_parameter(const model_config& config, std::string_view name, std::span
                                ">.<suffix>, ln_f.weight, ln_f.bias");
   const bool layernorm_weight = name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name == "ln_f.weight";
   const double stddev = init_std(config, name);
-  splitmix64 rng(seed ^ name_hash(name));
-  for (Real& value : values)
-    value = layernorm_weight ? Real(1) : stddev == 0.0 ? Real(0) : static_cast<Real>(stddev * rng.normal());
+  // normal() takes two draws: element i's are draws 2i and 2i + 1 of the tensor's stream, wherever a thread starts
+  const std::uint64_t stream = seed ^ name_hash(name);
+#pragma omp parallel for
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = layernorm_weight ? Real(1)
+                : stddev == 0.0  ? Real(0)
+                                 : static_cast<Real>(stddev * splitmix64::after(stream, 2 * i).normal());
 }
 
 /// AdamW on n elements with this step's coefficients (chunkwise::optim::make_coefficients): the element update of
