@@ -14,10 +14,10 @@ set -euo pipefail
 
 # The default preset configures the tests and benches too (find_package(doctest), find_package(benchmark)), so both
 # belong to the smallest set that runs `cmake --preset default`. pkg-config: cmake/Findliburing.cmake asks it first.
-# libopenblas-openmp-dev: the example trainer's matrix products (OpenBLAS's OpenMP build; without it they run in
-# the model's own loops).
+# libdnnl-dev and libopenblas-openmp-dev: the example trainer's matrix products (oneDNN's, bf16 under --dtype bf16;
+# OpenBLAS's OpenMP build; without either they run in the model's own loops).
 base=(g++ cmake ninja-build pkg-config nlohmann-json3-dev liburing-dev doctest-dev libbenchmark-dev
-      libopenblas-openmp-dev)
+      libopenblas-openmp-dev libdnnl-dev)
 # The tests besides: the MPI communicator's tests (mpiexec), the two-machines test's network namespaces (iproute2),
 # the PyTorch exporter's test (a venv from tools/python-env.sh needs python3-venv), bench/compare/nvme.sh (fio).
 tests=(libopenmpi-dev openmpi-bin iproute2 python3 python3-venv fio)

@@ -11,7 +11,9 @@
 # shipped text as byte-token shards where it looks for Tiny Shakespeare; its own loop prints each step's time (the
 # median of its steps 1..STEPS is taken; its sampling at step 20, which needs GPT-2's tokenizer, is never reached).
 # Ours: train_gpt2's median step (the first left out), and its GFLOP/s from the model's FLOP count (the profile's:
-# forward and backward of every product and attention). GEMM peak: the fastest of chunkwise_gemm_bench's products
+# forward and backward of every product and attention), with OpenBLAS's products (the GEMM peak's BLAS; the last
+# line's); then, where the build has oneDNN, with its products in fp32 and under --dtype bf16 (bf16 operands).
+# GEMM peak: the fastest of chunkwise_gemm_bench's products
 # (OpenBLAS sgemm at the model's shapes, THREADS threads). PyTorch: bench/compare/trainer_torch.py (Hugging Face's
 # GPT2LMHeadModel, fused AdamW) from the benches' virtual environment (tools/python-env.sh), skipped without torch.
 # Last line:  trainer gflops=G fraction_of_gemm_peak=F
@@ -40,14 +42,28 @@ PY
 )
 echo "gemm peak ${gemm_peak} GFLOP/s (${gemm_label//_/ }, $threads threads)"
 
-echo "== ours: train_gpt2 ${shape[*]}, resident plan, $steps steps"
-OMP_NUM_THREADS=$threads "$build/examples/train_gpt2/train_gpt2" "${shape[@]}" --steps "$steps" --eval-every 1000000 \
-  --plan min_waste/resident/replicated/follows_home --device-budget 0 >"$work/ours.txt" 2>&1 ||
-  { tail -5 "$work/ours.txt"; echo "FAILED: train_gpt2"; exit 1; }
-grep -E "^matrix products|^compute:|^timing" "$work/ours.txt"
+# ours NAME ARGS...: train_gpt2 at the shape, resident plan; prints its median step in ms (its lines: $work/NAME.txt)
+ours() {
+  local name=$1
+  shift
+  OMP_NUM_THREADS=$threads "$build/examples/train_gpt2/train_gpt2" "${shape[@]}" --steps "$steps" --eval-every 1000000 \
+    --plan min_waste/resident/replicated/follows_home --device-budget 0 "$@" >"$work/$name.txt" 2>&1 ||
+    { tail -5 "$work/$name.txt" >&2; echo "FAILED: train_gpt2 $*" >&2; return 1; }
+  grep -E "^matrix products|^compute:|^timing" "$work/$name.txt" >&2
+  sed -n 's/^timing: median step \([0-9.]*\) ms.*/\1/p' "$work/$name.txt"
+}
+echo "== ours: train_gpt2 ${shape[*]}, resident plan, $steps steps, fp32 through the same BLAS"
+ours_ms=$(ours ours --matmul blas) || exit 1
 gflop_per_step=$(sed -n 's/.*, \([0-9.]*\) GFLOP per step per rank.*/\1/p' "$work/ours.txt" | head -1)
-ours_ms=$(sed -n 's/^timing: median step \([0-9.]*\) ms.*/\1/p' "$work/ours.txt")
 [[ -n $gflop_per_step && -n $ours_ms ]] || { echo "FAILED: no timing line from train_gpt2"; exit 1; }
+# oneDNN's products where the build has them: fp32, and bf16 chunks with bf16 operands (AVX-512 BF16)
+dnnl_ms="" bf16_ms=""
+if grep -q "^CHUNKWISE_DNNL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt" 2>/dev/null; then
+  echo "== ours: oneDNN's products, fp32 and --dtype bf16"
+  dnnl_ms=$(ours dnnl --matmul dnnl) && bf16_ms=$(ours bf16 --matmul dnnl --dtype bf16) || dnnl_ms="" bf16_ms=""
+else
+  echo "== ours with oneDNN: skipped (this build found no oneDNN: libdnnl-dev)"
+fi
 tokens=$((4 * 64))
 
 llmc_ms=""
@@ -95,17 +111,19 @@ else
   echo "skipped: no Python with torch and transformers (tools/python-env.sh)"
 fi
 
-python3 - "$gflop_per_step" "$ours_ms" "$gemm_peak" "$tokens" "$torch_line" "$llmc_ms" <<'PY'
+python3 - "$gflop_per_step" "$ours_ms" "$gemm_peak" "$tokens" "$torch_line" "$llmc_ms" "$dnnl_ms" "$bf16_ms" <<'PY'
 import sys
 gflop, ours_ms, peak, tokens, torch_line = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 llmc_ms = float(sys.argv[6]) if sys.argv[6] else None
+others = [(name, float(ms)) for name, ms in (("ours, oneDNN fp32", sys.argv[7]), ("ours, oneDNN bf16", sys.argv[8])) if ms]
+torch_s = float(torch_line.split()[1].split("=")[1]) if torch_line.startswith("torch median_step_s=") else None
 ours_s = ours_ms / 1e3
 gflops = gflop / ours_s
-print(f"ours   {tokens / ours_s:9.1f} tokens/s  {gflops:7.2f} GFLOP/s  step {ours_ms:8.1f} ms")
-if torch_line.startswith("torch median_step_s="):
-    torch_s = float(torch_line.split()[1].split("=")[1])
-    print(f"torch  {tokens / torch_s:9.1f} tokens/s  {gflop / torch_s:7.2f} GFLOP/s  step {torch_s * 1e3:8.1f} ms"
-          f"  (ours / torch step time: {ours_s / torch_s:.2f})")
+for name, ms in [("ours, OpenBLAS fp32", ours_ms)] + others:
+    vs_torch = f"  (/ torch step time: {ms / 1e3 / torch_s:.2f})" if torch_s else ""
+    print(f"{name:20s} {tokens / (ms / 1e3):9.1f} tokens/s  {gflop / (ms / 1e3):7.2f} GFLOP/s  step {ms:8.1f} ms{vs_torch}")
+if torch_s:
+    print(f"{'torch fp32':20s} {tokens / torch_s:9.1f} tokens/s  {gflop / torch_s:7.2f} GFLOP/s  step {torch_s * 1e3:8.1f} ms")
 if llmc_ms:
     print(f"llm.c  {tokens / (llmc_ms / 1e3):9.1f} tokens/s  {gflop / (llmc_ms / 1e3):7.2f} GFLOP/s  step {llmc_ms:8.1f} ms"
           f"  (ours / llm.c step time: {ours_ms / llmc_ms:.2f})")

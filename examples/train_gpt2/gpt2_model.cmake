@@ -45,3 +45,14 @@ if(CHUNKWISE_OPENBLAS_FOUND)
   target_link_libraries(chunkwise_gpt2_model INTERFACE PkgConfig::CHUNKWISE_OPENBLAS)
   target_compile_definitions(chunkwise_gpt2_model INTERFACE CHUNKWISE_GPT2_BLAS=1)
 endif()
+# The matrix products through oneDNN (dnnl_matmul.hpp: fp32, or bf16 operands under --dtype bf16, which AVX-512 BF16
+# runs at twice the fp32 rate) where its headers and library are found (Debian: libdnnl-dev). Found by path: its
+# CMake package asks for OpenCL's development files, which its products on the CPU do not need. Not under
+# ThreadSanitizer (its OpenMP threads are uninstrumented).
+find_path(CHUNKWISE_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_library(CHUNKWISE_DNNL_LIBRARY dnnl)
+if(CHUNKWISE_DNNL_INCLUDE_DIR AND CHUNKWISE_DNNL_LIBRARY AND NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize=thread")
+  target_include_directories(chunkwise_gpt2_model SYSTEM INTERFACE ${CHUNKWISE_DNNL_INCLUDE_DIR})
+  target_link_libraries(chunkwise_gpt2_model INTERFACE ${CHUNKWISE_DNNL_LIBRARY})
+  target_compile_definitions(chunkwise_gpt2_model INTERFACE CHUNKWISE_GPT2_DNNL=1)
+endif()

@@ -24,8 +24,10 @@
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
 //   --recompute auto|on|off (activation checkpointing: each block keeps only its output and backward recomputes its
 //   forward; auto: on when no plan fits the device, or the machine's memory, with every block's activations kept)
-//   --matmul blas|loops (blas: the host's matrix products through OpenBLAS, where the build found it; loops: the
-//   model's own OpenMP loops, bit-identical for any thread count)
+//   --matmul auto|dnnl|blas|loops (the host's matrix products: dnnl through oneDNN, in bf16 under --dtype bf16
+//   (operands rounded to bf16, fp32 accumulation: twice the fp32 rate on AVX-512 BF16); blas through OpenBLAS's
+//   sgemm; loops the model's own OpenMP loops, bit-identical for any thread count; auto, the default: dnnl, else
+//   blas, whichever the build found)
 //   --comm threads|mpi (threads: --ranks N threads of this process; mpi: one rank per MPI process, as many as the
 //   launcher started, `mpirun -np N train_gpt2 --comm mpi`; rank 0 plans and prints)
 //   --comm-timeout S (300: a process rank waiting longer for a collective ends the job, naming the peers on its
@@ -50,8 +52,17 @@
 #endif
 #include "process_ranks.hpp"
 #include "data_loader.hpp"
+#ifndef CHUNKWISE_GPT2_BLAS
+#define CHUNKWISE_GPT2_BLAS 0  // the build found no OpenBLAS
+#endif
+#ifndef CHUNKWISE_GPT2_DNNL
+#define CHUNKWISE_GPT2_DNNL 0  // nor oneDNN
+#endif
 #if CHUNKWISE_GPT2_BLAS
 #include "blas_matmul.hpp"
+#endif
+#if CHUNKWISE_GPT2_DNNL
+#include "dnnl_matmul.hpp"
 #endif
 #include "llmc_files.hpp"
 #include "gpt2_model.hpp"
@@ -110,7 +121,7 @@ struct options {
   std::string nvme_dir;
   std::string backend = "host";
   std::string recompute = "auto";  // activation checkpointing: auto (when nothing fits without it), on, off
-  std::string matmul = "blas";  // host backend: blas (OpenBLAS, where built) or loops (gpt2_model.hpp's own)
+  std::string matmul = "auto";  // host backend: dnnl (oneDNN), blas (OpenBLAS), loops (gpt2_model.hpp's); auto
   std::string init_from;  // an llm.c checkpoint: the model's shape and initial parameters
   std::string save_llmc;  // where to write the trained parameters as an llm.c checkpoint
   bool shape_given = false;  // --layers, --channels, --heads or --vocab (an imported checkpoint sets the shape)
@@ -201,8 +212,8 @@ options parse(int argc, char** argv) {
     throw_error(error_code::invalid_argument, "--backend '" + o.backend + "': use host or cuda");
   if (o.recompute != "auto" && o.recompute != "on" && o.recompute != "off")
     throw_error(error_code::invalid_argument, "--recompute '" + o.recompute + "': use auto, on or off");
-  if (o.matmul != "blas" && o.matmul != "loops")
-    throw_error(error_code::invalid_argument, "--matmul '" + o.matmul + "': use blas or loops");
+  if (o.matmul != "auto" && o.matmul != "dnnl" && o.matmul != "blas" && o.matmul != "loops")
+    throw_error(error_code::invalid_argument, "--matmul '" + o.matmul + "': use auto, dnnl, blas or loops");
   if (o.resume && o.checkpoint.empty())
     throw_error(error_code::invalid_argument, "--resume needs --checkpoint DIR: the directory to continue from");
   if (!(o.clip >= 0.0f) || !std::isfinite(o.clip))
@@ -633,6 +644,33 @@ void train_threads(const rank_setup& setup) {
     if (e) std::rethrow_exception(e);
 }
 
+/// --matmul: the engine of the host's matrix products (none: the model's loops), and a line saying which.
+void install_matmul_engine(const options& o) {
+  const bool dnnl = o.matmul == "dnnl" || (o.matmul == "auto" && CHUNKWISE_GPT2_DNNL);
+  const bool blas = o.matmul == "blas" || (o.matmul == "auto" && !dnnl && CHUNKWISE_GPT2_BLAS);
+  if (dnnl) {
+#if CHUNKWISE_GPT2_DNNL
+    gpt2::installed_matmul_engine() = &gpt2::dnnl_matmul_engine(o.type == dtype::bf16);
+#else
+    throw_error(error_code::unsupported, "--matmul dnnl: this train_gpt2 was built without oneDNN (install "
+                                         "libdnnl-dev and configure again)");
+#endif
+  } else if (blas) {
+#if CHUNKWISE_GPT2_BLAS
+    gpt2::installed_matmul_engine() = &gpt2::blas_matmul_engine(static_cast<int>(cores_per_rank(o)));
+#else
+    throw_error(error_code::unsupported, "--matmul blas: this train_gpt2 was built without OpenBLAS (install "
+                                         "libopenblas-openmp-dev and configure again)");
+#endif
+  }
+  if (gpt2::installed_matmul_engine() == nullptr)
+    std::printf("matrix products: the model's own loops%s\n",
+                o.matmul == "loops" ? "" : " (this build found neither oneDNN nor OpenBLAS)");
+  else
+    std::printf("matrix products: %s, %u thread(s) per rank (--matmul loops: the model's own loops)\n",
+                gpt2::installed_matmul_engine()->name, cores_per_rank(o));
+}
+
 }  // namespace
 
 /// What rank 0 decided, for every rank: the plan, its prediction, the device budget per rank and whether blocks
@@ -704,7 +742,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
         o.model, o.comm == "mpi" && gpt2::usable_cores() < static_cast<int>(std::thread::hardware_concurrency())
                      ? 1 : o.ranks_here, o.type);
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
-              "(GEMM peak %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
+              "(the machine profile's plain blocked GEMM: %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
               o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
               gemm_flops / 1e9);
@@ -822,17 +860,7 @@ int main(int argc, char** argv) {
     }
     settle_batch(o);
     gpt2::compute_on_rank_cores(o.ranks_here);  // an MPI process's rank computes on this thread
-    if (o.backend == "host" && o.matmul == "blas") {
-#if CHUNKWISE_GPT2_BLAS
-      // The cores shared among the ranks (each rank's products run beside the others').
-      const auto threads = static_cast<int>(cores_per_rank(o));
-      gpt2::installed_matmul_engine() = &gpt2::blas_matmul_engine(threads);
-      std::printf("matrix products: %s, %d thread(s) per rank (--matmul loops: the model's own loops)\n",
-                  gpt2::installed_matmul_engine()->name, threads);
-#else
-      std::printf("matrix products: the model's own loops (this build found no OpenBLAS: libopenblas-openmp-dev)\n");
-#endif
-    }
+    if (o.backend == "host") install_matmul_engine(o);
     if (o.backend == "cuda") {
 #if CHUNKWISE_GPT2_CUDA
       gpt2::device_workspace probe(gpt2::model_config{});  // no usable GPU: a clear error here, before planning

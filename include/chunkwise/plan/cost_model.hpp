@@ -287,8 +287,8 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
     const double hidden = nvme_states > 0 ? std::max(0.0, backward - nvme_fetch * backward_share) : backward;
     const double chunks = static_cast<double>(n);
     if (shared_cores) {
-      const double traffic = std::max(nvme_states, upload);
-      update = std::max({t.optimizer, traffic - hidden, traffic / chunks}) + last_upload;
+      const double update_traffic = std::max(nvme_states, upload);
+      update = std::max({t.optimizer, update_traffic - hidden, update_traffic / chunks}) + last_upload;
     } else {
       update = std::max(update / chunks, update - hidden);
     }
