@@ -22,6 +22,9 @@ inline int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+/// Whether a launcher bound this process to some of the machine's cores (its ranks then compute on those alone).
+inline bool bound_by_launcher() { return usable_cores() < static_cast<int>(std::thread::hardware_concurrency()); }
+
 /// The cores of this machine divided among the `ranks_here` ranks on it (at least one each), no more than this
 /// process may use.
 inline int cores_per_rank(int ranks_here) {

@@ -444,41 +444,133 @@ void fault_if_asked(int rank, std::size_t step) {
   }
 }
 
+/// The runtime's settings for the chosen plan: its knobs (chunk size, device blocks, offloaded chunks, the layout's
+/// candidate), the device budget per rank, and what the trainer asks of the optimizer.
+runtime_options runtime_settings(const rank_setup& setup) {
+  const options& o = setup.o;
+  const auto& knobs = setup.chosen.knobs;
+  runtime_options settings;
+  settings.device_budget = setup.device_budget;
+  settings.offloaded_chunks = knobs.offloaded_resident_chunks;
+  settings.device_blocks = knobs.device_blocks;
+  settings.chunk_bytes = knobs.chunk_bytes;
+  settings.layout_candidate = knobs.layout_candidate;
+  if (!o.nvme_dir.empty()) settings.nvme_directory = o.nvme_dir;
+  // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
+  // clipping, which needs every gradient's norm first).
+  settings.learning_rate = schedule(o);
+  settings.clip_norm = o.clip;
+  // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
+  settings.optimizer_threads = cores_per_rank(o);
+  // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
+  if (o.type == dtype::fp16) settings.loss_scaling = optim::loss_scaler_config{};
+  return settings;
+}
+
+/// Rank 0's account of the run: a line per step and per evaluation as they happen, the summary at the end.
+class progress_log {
+ public:
+  progress_log(const options& o, std::size_t first_step) : o_(o), first_step_(first_step) {}
+
+  /// Where a step's time went (zero_grad, forward and backward, the update), printed under
+  /// CHUNKWISE_GPT2_KERNEL_TIMES.
+  void add_parts(double zero_grad, double passes, double update) {
+    parts_[0] += zero_grad, parts_[1] += passes, parts_[2] += update;
+  }
+
+  template <class Runtime>
+  void step(std::size_t step, float loss, double seconds, const Runtime& rt) {
+    step_seconds_.push_back(seconds);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double tokens = static_cast<double>((step - first_step_ + 1) * o_.model.batch *
+                                              static_cast<std::size_t>(o_.ranks) * o_.model.context);
+    if (step == first_step_) first_loss_ = loss;
+    last_loss_ = loss;
+    std::string extra;
+    if (o_.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
+    if (o_.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
+    if (rt.last_step_skipped()) extra += "  (skipped: gradients overflowed fp16)";
+    std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step, o_.steps,
+                loss, static_cast<double>(schedule(o_)(rt.steps() > 0 ? rt.steps() : 1)), extra.c_str(),
+                seconds * 1e3, tokens / elapsed, format_bytes(rt.traffic().total()).c_str());
+    std::fflush(stdout);
+  }
+
+  void validation(float loss) {
+    std::printf("           validation loss %.4f\n", loss);
+    last_validation_ = loss;
+  }
+
+  /// The losses, the bytes moved, the median step against the prediction, peaks and the device cache.
+  template <class Runtime>
+  void summary(const Runtime& rt, const prediction& chosen) const {
+    if (step_seconds_.empty()) return;
+    const std::size_t steps = step_seconds_.size();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::printf("\ndone: %zu steps in %.1f s; training loss %.4f at step %zu -> %.4f at step %zu, validation "
+                "loss %.4f\n", steps, seconds, first_loss_, first_step_, last_loss_, o_.steps, last_validation_);
+    const auto moved = rt.traffic();
+    const auto cache = rt.cache_stats();
+    const std::string home(cache.home_space.empty() ? std::string_view("home") : cache.home_space);
+    std::string text;
+    const auto add = [&](byte_count bytes, const std::string& what) {
+      if (bytes != 0) text += (text.empty() ? "" : ", ") + format_bytes(bytes) + " " + what;
+    };
+    add(moved.fetched, "of chunks streamed " + home + "->device (" + format_bytes(moved.fetched / steps) + " a step)");
+    add(cache.bytes_device_to_home, "written back device->" + home);
+    add(moved.gathered, "gathered from other ranks");
+    add(moved.reduced, "of gradients reduced");
+    add(moved.published, "of updates published");
+    std::printf("moved (rank 0, %zu steps): %s\n", steps, text.empty() ? "nothing" : text.c_str());
+    if (std::getenv("CHUNKWISE_GPT2_KERNEL_TIMES") != nullptr) {
+      std::printf("step parts over %zu steps: zero_grad %.1f ms, forward and backward %.1f ms, step %.1f ms\n", steps,
+                  parts_[0] * 1e3, parts_[1] * 1e3, parts_[2] * 1e3);
+#if CHUNKWISE_GPT2_CUDA
+      gpt2::print_kernel_times();
+#endif
+    }
+    if (steps > 1) {
+      // The steady state: the first step (cold caches, first allocations) is left out.
+      std::vector<double> steady(step_seconds_.begin() + 1, step_seconds_.end());
+      std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
+      std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
+                  "device peak %s, pinned host peak %s\n",
+                  steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
+                  format_bytes(rt.device_stats().peak).c_str(), format_bytes(rt.host_stats().peak).c_str());
+    }
+    if (rt.streamed_chunks() > 0)
+      std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
+                  rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
+  }
+
+ private:
+  const options& o_;
+  std::size_t first_step_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::vector<double> step_seconds_;
+  float first_loss_ = 0, last_loss_ = 0, last_validation_ = 0;
+  std::array<double, 3> parts_{};
+};
+
 /// Trains rank comm.rank() under Plan on its rows of every global batch (the sampler's shard: no rank waits for
 /// another's data); rank 0 prints the progress and the summary.
 template <class Plan, communicator Comm>
 void train_rank(const rank_setup& setup, Comm& comm) {
+  using clock = std::chrono::steady_clock;
   const options& o = setup.o;
-  const model_profile& model = setup.model;
-  const prediction& chosen = setup.chosen;
   const auto& config = o.model;
   const int r = comm.rank();
+
+  // This rank's rows of every global batch, training and validation.
   const std::size_t global_batch = config.batch * static_cast<std::size_t>(o.ranks);
   const gpt2::batch_shard shard{static_cast<std::size_t>(r), static_cast<std::size_t>(o.ranks)};
   gpt2::data_loader train_data(o.data, gpt2::data_split::train, global_batch, config.context, o.seed, config.vocab,
                                shard);
   gpt2::data_loader validation_data(o.data, gpt2::data_split::validation, global_batch, config.context, o.seed,
                                     config.vocab, shard);
-  std::vector<double> step_seconds;  // rank 0's time per training step
-  float first_loss = 0, last_loss = 0, last_validation = 0;  // rank 0's, for the summary
-  const auto start = std::chrono::steady_clock::now();
-  // The device budget the plan was chosen for, and the planner's knobs: chunk size, device blocks, offload.
-  runtime_options runtime_settings;
-  runtime_settings.device_budget = setup.device_budget;
-  runtime_settings.offloaded_chunks = chosen.knobs.offloaded_resident_chunks;
-  runtime_settings.device_blocks = chosen.knobs.device_blocks;
-  runtime_settings.chunk_bytes = chosen.knobs.chunk_bytes;
-  runtime_settings.layout_candidate = chosen.knobs.layout_candidate;
-  if (!o.nvme_dir.empty()) runtime_settings.nvme_directory = o.nvme_dir;
-  // The rate is known before each step: each chunk's update starts once its gradient is reduced (unless
-  // clipping, which needs every gradient's norm first).
-  runtime_settings.learning_rate = schedule(o);
-  runtime_settings.clip_norm = o.clip;
-  // AdamW's SIMD kernel on the cores left to each rank (the updates are memory-bound: 28 bytes per parameter).
-  runtime_settings.optimizer_threads = cores_per_rank(o);
-  // fp16's range needs the loss scaled (and overflowed steps skipped); bf16 has fp32's range.
-  if (o.type == dtype::fp16) runtime_settings.loss_scaling = optim::loss_scaler_config{};
-  runtime<Plan, host_backend, Comm> rt(model, comm, setup.initialize, runtime_settings);
+
+  // The model's parameters, gradients and Adam states in chunkwise's chunks, under the plan.
+  runtime<Plan, host_backend, Comm> rt(setup.model, comm, setup.initialize, runtime_settings(setup));
   fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
   gpt2::activations<float> acts(config);
   std::size_t first_step = 1;
@@ -493,6 +585,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
     comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
     return all;
   };
+
   // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
   gpt2::chunk_executor passes(rt, compute, acts);
 #if CHUNKWISE_GPT2_CUDA
@@ -507,10 +600,9 @@ void train_rank(const rank_setup& setup, Comm& comm) {
     if (r == 0) std::printf("backend: the passes on %s\n", workspace->device_name());
   }
 #endif
-  const gpt2::data_loader* batch = &train_data;  // the batch the passes read
-  const auto run = [&](bool backward) {
-    const int* x = batch->tokens().data();
-    const int* y = batch->targets().data();
+  const auto run = [&](const gpt2::data_loader& batch, bool backward) {
+    const int* x = batch.tokens().data();
+    const int* y = batch.targets().data();
     const auto schedule = [&](auto& executor) {
       const auto loss = static_cast<float>(gpt2::forward(executor, config, x, y));
       if (backward) {
@@ -526,95 +618,39 @@ void train_rank(const rank_setup& setup, Comm& comm) {
 #endif
     return schedule(passes);
   };
-  std::array<double, 3> step_parts{};  // seconds in zero_grad, forward and backward, step
+
+  progress_log log(o, first_step);
   for (std::size_t step = first_step; step <= o.steps; ++step) {
     train_data.next_batch();
-    batch = &train_data;
-    const auto step_start = std::chrono::steady_clock::now();
+    const auto step_start = clock::now();
     rt.zero_grad();
-    const auto zeroed = std::chrono::steady_clock::now();
-    const float loss = mean_loss(run(true));
-    const auto passed = std::chrono::steady_clock::now();
+    const auto zeroed = clock::now();
+    const float loss = mean_loss(run(train_data, true));
+    const auto passed = clock::now();
     rt.step();
-    // where the step goes (printed under CHUNKWISE_GPT2_KERNEL_TIMES)
-    step_parts[0] += std::chrono::duration<double>(zeroed - step_start).count();
-    step_parts[1] += std::chrono::duration<double>(passed - zeroed).count();
-    step_parts[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - passed).count();
-    if (r == 0) {
-      step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double tokens_per_second =
-          static_cast<double>((step - first_step + 1) * global_batch * config.context) / seconds;
-      if (step == first_step) first_loss = loss;
-      last_loss = loss;
-      std::string extra;
-      if (o.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
-      if (o.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
-      if (rt.last_step_skipped()) extra += "  (skipped: gradients overflowed fp16)";
-      std::printf("step %4zu/%zu  loss %.4f  lr %.2e%s  %4.0f ms  %.0f tokens/s  moved %s (rank 0)\n", step,
-                  o.steps, loss, static_cast<double>(schedule(o)(rt.steps() > 0 ? rt.steps() : 1)), extra.c_str(),
-                  step_seconds.back() * 1e3, tokens_per_second, format_bytes(rt.traffic().total()).c_str());
-      std::fflush(stdout);
-    }
+    const auto updated = clock::now();
+    log.add_parts(std::chrono::duration<double>(zeroed - step_start).count(),
+                  std::chrono::duration<double>(passed - zeroed).count(),
+                  std::chrono::duration<double>(updated - passed).count());
+    if (r == 0) log.step(step, loss, std::chrono::duration<double>(updated - step_start).count(), rt);
+
     if (step % o.eval_every == 0 || step == o.steps) {
       // Validation: the forward passes only, after the update (chunks go back to ready or released).
       validation_data.reset();
       validation_data.next_batch();
-      batch = &validation_data;
-      const float validation = mean_loss(run(false));
-      if (r == 0) {
-        std::printf("           validation loss %.4f\n", validation);
-        last_validation = validation;
-      }
+      const float validation = mean_loss(run(validation_data, false));
+      if (r == 0) log.validation(validation);
       if (!o.checkpoint.empty()) {
         rt.save_checkpoint(o.checkpoint);
         if (r == 0) std::printf("           saved %s\n", o.checkpoint.c_str());
       }
     }
   }
-  if (r == 0 && !step_seconds.empty()) {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("\ndone: %zu steps in %.1f s; training loss %.4f at step %zu -> %.4f at step %zu, validation "
-                "loss %.4f\n", step_seconds.size(), seconds, first_loss, first_step, last_loss, o.steps,
-                last_validation);
-    const auto moved = rt.traffic();
-    const auto cache = rt.cache_stats();
-    const std::string home(cache.home_space.empty() ? std::string_view("home") : cache.home_space);
-    std::string text;
-    const auto add = [&](byte_count bytes, const std::string& what) {
-      if (bytes != 0) text += (text.empty() ? "" : ", ") + format_bytes(bytes) + " " + what;
-    };
-    add(moved.fetched, "of chunks streamed " + home + "->device (" +
-                           format_bytes(moved.fetched / step_seconds.size()) + " a step)");
-    add(cache.bytes_device_to_home, "written back device->" + home);
-    add(moved.gathered, "gathered from other ranks");
-    add(moved.reduced, "of gradients reduced");
-    add(moved.published, "of updates published");
-    std::printf("moved (rank 0, %zu steps): %s\n", step_seconds.size(), text.empty() ? "nothing" : text.c_str());
-  }
-  if (r == 0 && std::getenv("CHUNKWISE_GPT2_KERNEL_TIMES") != nullptr) {
-    std::printf("step parts over %zu steps: zero_grad %.1f ms, forward and backward %.1f ms, step %.1f ms\n",
-                step_seconds.size(), step_parts[0] * 1e3, step_parts[1] * 1e3, step_parts[2] * 1e3);
-#if CHUNKWISE_GPT2_CUDA
-    gpt2::print_kernel_times();
-#endif
-  }
-  if (r == 0 && step_seconds.size() > 1) {
-    // The steady state: the first step (cold caches, first allocations) is left out.
-    std::vector<double> steady(step_seconds.begin() + 1, step_seconds.end());
-    std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
-    std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
-                "device peak %s, pinned host peak %s\n",
-                steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
-                format_bytes(rt.device_stats().peak).c_str(),
-                format_bytes(rt.host_stats().peak).c_str());
-  }
-  if (r == 0 && rt.streamed_chunks() > 0)
-    std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
-                rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
+  if (r == 0) log.summary(rt, setup.chosen);
+
   if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
     std::vector<std::vector<float>> trained;
-    for (std::uint32_t t = 0; t < model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
+    for (std::uint32_t t = 0; t < setup.model.tensors.size(); ++t) trained.push_back(rt.read_parameters(t));
     if (r == 0) {
       const int version = o.type == dtype::bf16 ? 5 : 3;  // llm.c's bf16 and fp32 formats
       gpt2::llmc::write_checkpoint(o.save_llmc, config, trained, version);
@@ -739,8 +775,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
     // to their own cores: one rank on this process's cores (its threads would otherwise share them: 2 processes on
     // 2 cores measured half the rate the step ran at).
     machine.device_flops_per_second = gpt2::measure_pass_flops(
-        o.model, o.comm == "mpi" && gpt2::usable_cores() < static_cast<int>(std::thread::hardware_concurrency())
-                     ? 1 : o.ranks_here, o.type);
+        o.model, o.comm == "mpi" && gpt2::bound_by_launcher() ? 1 : o.ranks_here, o.type);
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
               "(the machine profile's plain blocked GEMM: %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
