@@ -489,48 +489,6 @@ TEST_CASE("ZeRO-3 over streamed homes gathers passes ahead, from cache blocks st
   }
 }
 
-TEST_CASE("an fp32 update takes its working block from the cache's clean copy: one read of each block a step") {
-  // The working block of an fp32 chunk is its master weights: the update needs it, and the device cache fetched it
-  // for backward. Given that copy, the read ahead reads only the moments. The copy here holds other values than the
-  // drive (a real one equals it) so that the test sees which one the update used; a chunk without a copy reads all.
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-fp32-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  constexpr std::size_t elements = 1024;
-  constexpr byte_count bytes = elements * sizeof(float);
-  nvme_options store_options;
-  store_options.directory = dir;
-  store_options.block_bytes = bytes;
-  store_options.capacity = 6 * bytes;
-  {
-    nvme_tier store(store_options);
-    pinned_host_tier pinned(64 * MiB);
-    std::vector<detail::nvme_chunk_state> states;
-    for (std::size_t c = 0; c < 2; ++c) {
-      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
-                                 elements, elements, 0};
-      detail::tier_buffer staging(pinned, elements);
-      std::fill_n(staging.data(), elements, 1.0f);  // parameters (the master weights) and moments 1 on the drive
-      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
-      states.push_back(h);
-    }
-    detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
-    const std::vector<float> cached(elements, 5.0f);
-    const byte_count read_before = store.stats().bytes_read;
-    for (std::uint32_t c = 0; c < 2; ++c) {
-      pipeline.prepare(c, c == 0 ? cached.data() : nullptr);
-      pipeline.update(c, [](const home_view& v) {
-        for (auto& x : v.master) x += 1.0f;
-      }, nullptr);
-    }
-    pipeline.drain();
-    CHECK(pipeline.stats().params_from_cache == 1);
-    CHECK(store.stats().bytes_read - read_before == 2 * bytes + 3 * bytes);
-    pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[elements - 1] == 6.0f); });
-    pipeline.visit(1, false, [&](const home_view& v) { CHECK(v.master[0] == 2.0f); });
-  }
-  std::filesystem::remove_all(dir);
-}
-
 TEST_CASE("a bf16 update that owns its whole home does not read the working block it rewrites") {
   // Chunk 0 owns its whole home (replicated, ZeRO-3): its update reads master weights and moments only. Chunk 1 owns
   // the second half (ZeRO-2): its update reads the working block too, whose first half it must keep.

@@ -219,28 +219,6 @@ class device_cache {
   /// say, so the next iteration's first chunks move while the trainer does other work).
   void prefetch_ahead() { prefetch(); }
 
-  /// The bytes of `chunk`'s cached copy where the host can read them: a finished fetch, unchanged since (not dirty),
-  /// in a host-accessible block; null otherwise. Read them at once, on the thread that drives the cache: the next
-  /// acquire, prefetch or invalidate may reuse the block. (An fp32 update on NVMe homes takes its parameters from
-  /// here instead of reading them from the drive a second time.)
-  [[nodiscard]] const void* clean_copy(std::uint32_t chunk) const {
-    check_chunk(chunk, "clean_copy");
-    if constexpr (!has_property<DeviceTier, host_accessible>) {
-      return nullptr;
-    } else {
-      const std::int32_t b = chunk_block_[chunk];
-      if (b == no_block) return nullptr;
-      const auto& slot = blocks_[static_cast<std::size_t>(b)];
-      if (slot.dirty || !slot.fetch.ready()) return nullptr;
-      try {
-        slot.fetch.wait();  // ready: rethrows at once where the fetch failed (the block then holds nothing good)
-      } catch (...) {
-        return nullptr;
-      }
-      return slot.memory;
-    }
-  }
-
   [[nodiscard]] bool is_cached(std::uint32_t chunk) const {
     check_chunk(chunk, "is_cached");
     return chunk_block_[chunk] != no_block;

@@ -3,9 +3,7 @@
 // ZeRO-Infinity's and LoHan's out-of-core steps are: while one chunk's AdamW runs on its pinned scratch copy, the
 // next chunk's blocks are read into another and the previous chunk's written back from a third, on one I/O thread.
 // A step of n chunks then costs about max(n * (read + write), n * update) instead of n * (read + update + write).
-// In bf16/fp16 an update that owns the chunk's whole home does not read its working block (it rewrites it); in fp32,
-// whose working block holds the master weights, a read ahead takes it from the device cache's clean copy where one
-// is at hand (the cache fetched it for backward), so each home block is read from the drive once per step.
+// In bf16/fp16 an update that owns the chunk's whole home does not read its working block (it rewrites it).
 //
 //   prepare(c)   reads chunk c's blocks ahead of its update, when a scratch set is free (any thread; the caller
 //                knows the order: the optimizer stage prepares each chunk when its gradient is reduced, or the next
@@ -72,28 +70,17 @@ class nvme_update_pipeline {
 
   [[nodiscard]] std::size_t scratch_sets() const noexcept { return sets_.size(); }
   /// Updates run, and how many of them found their blocks read ahead (prepared) rather than reading them then.
-  /// params_from_cache: fp32 reads ahead that took the working block from the device cache, not the drive.
   struct statistics {
-    std::uint64_t updates = 0, read_ahead = 0, params_from_cache = 0;
+    std::uint64_t updates = 0, read_ahead = 0;
   };
   [[nodiscard]] statistics stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
   }
 
-  /// `cached_param` (fp32 only, may be null): chunk c's working block as it is in the store, readable now (the
-  /// device cache's clean copy): copied into a set that no I/O touches instead of read from the drive again, where
-  /// such a set is free (else the drive is read as usual).
-  void prepare(std::uint32_t c, const void* cached_param = nullptr) {
+  void prepare(std::uint32_t c) {
     std::lock_guard lock(mutex_);
     if (holding(c) != nullptr) return;
-    if (cached_param != nullptr && type_ == dtype::fp32)
-      for (auto& s : sets_)
-        if (s->state == scratch::idle) {
-          std::memcpy(s->param.data<std::byte>(), cached_param, param_bytes_);
-          ++stats_.params_from_cache;
-          return start_read(*s, c, /*param_ready=*/true);
-        }
     if (scratch* s = idle_set()) start_read(*s, c);
   }
 
@@ -172,8 +159,7 @@ class nvme_update_pipeline {
   // it owns from the master weights: when it owns the whole home (replicated, ZeRO-3) the working block is not read
   // (each home block is then read once per step, by the cache's fetch) but zeroed, as the padding past the last
   // tensor is on disk.
-  // `param_ready`: a read for the update whose working block is already in the set (prepare's cached copy).
-  void transfer(scratch& s, std::uint32_t c, bool write, bool for_update = false, bool param_ready = false) {
+  void transfer(scratch& s, std::uint32_t c, bool write, bool for_update = false) {
     const auto& h = chunks_[c];
     const auto move = [&](nvme_block block, tier_buffer& buffer, byte_count bytes) {
       if (write) store_->write(block, buffer.data<std::byte>(), bytes);
@@ -181,7 +167,7 @@ class nvme_update_pipeline {
     };
     const bool rewritten = type_ != dtype::fp32 && h.owned_offset == 0 && h.state_elements == h.param_elements;
     if (!write && for_update && rewritten) std::memset(s.param.data<std::byte>(), 0, param_bytes_);
-    else if (write || !param_ready) move(h.param, s.param, param_bytes_);
+    else move(h.param, s.param, param_bytes_);
     if (type_ != dtype::fp32) move(h.master, s.master, state_bytes_);
     move(h.moment1, s.moment1, state_bytes_);
     move(h.moment2, s.moment2, state_bytes_);
@@ -207,11 +193,11 @@ class nvme_update_pipeline {
       if (s->state == scratch::writing) return s.get();
     return nullptr;
   }
-  void start_read(scratch& s, std::uint32_t c, bool param_ready = false) {
+  void start_read(scratch& s, std::uint32_t c) {
     s.state = scratch::reading;
     s.chunk = c;
-    s.io = io_.submit(std::packaged_task<void()>(
-        [this, &s, c, param_ready] { transfer(s, c, /*write=*/false, /*for_update=*/true, param_ready); }));
+    s.io = io_.submit(
+        std::packaged_task<void()>([this, &s, c] { transfer(s, c, /*write=*/false, /*for_update=*/true); }));
   }
   // The set chunk c's update runs on: its read ahead, or a set read now (an idle or writing one, or one that read
   // ahead for another chunk: dropped, it changed nothing).

@@ -158,13 +158,10 @@ class streamed_homes {
       run_then_complete(done, [&] { visit(c, /*write=*/true, std::forward<F>(f)); });
     }
   }
-  /// Chunk c's update comes next: NVMe homes read its blocks ahead, in fp32 taking its working block from the
-  /// cache's clean copy where there is one (on the thread that drives the cache, before invalidate(c)).
+  /// Chunk c's update comes next: NVMe homes read its blocks ahead (any thread).
   void prepare_update(std::uint32_t c) {
-    if constexpr (on_nvme) pipeline_->prepare(c, cache_->clean_copy(c));
+    if constexpr (on_nvme) pipeline_->prepare(c);
   }
-  /// The NVMe update pipeline's counts (null for other homes).
-  [[nodiscard]] const nvme_update_pipeline* update_pipeline() const noexcept { return pipeline_.get(); }
   /// Waits for the updates' write-backs in flight; rethrows the first that failed.
   void drain_updates() {
     if constexpr (on_nvme) pipeline_->drain();
