@@ -32,9 +32,7 @@ inline void backward(float* dinp, float* dweight, float* dbias, const float* dou
   // dweight (OC, C) += dout^T (OC, rows) . inp (rows, C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(OC), blas_int(C), blas_int(rows), 1.0f, dout,
               blas_int(OC), inp, blas_int(C), 1.0f, dweight, blas_int(C));
-  if (dbias != nullptr)
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t o = 0; o < OC; ++o) dbias[o] += dout[r * OC + o];
+  if (dbias != nullptr) add_column_sums(dbias, dout, rows, OC);
 }
 
 }  // namespace blas_detail

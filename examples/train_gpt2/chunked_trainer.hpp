@@ -13,6 +13,7 @@
 #include "rank_cores.hpp"
 #include "reference_trainer.hpp"
 #include "schedule.hpp"
+#include "timing.hpp"
 
 #include <algorithm>
 #include <barrier>
@@ -95,13 +96,9 @@ inline double measure_pass_flops(const model_config& config, int ranks, chunkwis
                                  int iterations = 7, double min_seconds = 0.3) {
   auto cut = config;
   cut.layers = std::min<std::size_t>(config.layers, 2);
-  const auto parameters = [](const model_config& c) {
-    std::size_t elements = 0;
-    for (const auto& tensor : parameter_tensors(c)) elements += tensor.elements;
-    return static_cast<double>(elements);
-  };
   const double block_scale = static_cast<double>(config.layers) / static_cast<double>(cut.layers);
-  const double parameter_scale = parameters(config) / parameters(cut);
+  const double parameter_scale =
+      static_cast<double>(config.parameter_count()) / static_cast<double>(cut.parameter_count());
   // The barrier's completion (one thread, all others waiting) times the rounds and decides whether to go on: at
   // least `iterations` rounds after the warm-up one, more until `min_seconds` have passed (a small model's 6 ms
   // rounds: 7 of them varied by 20% between runs), at most 200.
@@ -133,7 +130,7 @@ inline double measure_pass_flops(const model_config& config, int ranks, chunkwis
         tokens[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(r)) % cut.vocab);
         targets[i] = static_cast<int>((i * 11 + 3) % cut.vocab);
       }
-      const auto elements = static_cast<std::size_t>(parameters(cut));
+      const std::size_t elements = cut.parameter_count();
       std::function<void()> convert = [] {};
       chunkwise::visit_element(type, "measure_pass_flops", [&]<class T>(T) {
         if constexpr (!std::is_same_v<T, float>) {
@@ -167,12 +164,12 @@ inline double measure_pass_flops(const model_config& config, int ranks, chunkwis
       } while (more);
     });
   for (auto& t : threads) t.join();
-  const auto median = [](std::vector<double> values) {
-    values.erase(values.begin());  // the warm-up
-    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
-    return values[values.size() / 2];
+  const auto median_after_warm_up = [](std::vector<double> values) {
+    values.erase(values.begin());
+    return median_of(std::move(values));
   };
-  return static_cast<double>(trace_profile(config).total_flops()) / (median(rounds) * median(scales));
+  return static_cast<double>(trace_profile(config).total_flops()) /
+         (median_after_warm_up(rounds) * median_after_warm_up(scales));
 }
 
 /// The runtime's tensor initializer: tensor t (in profile order) gets the reference trainer's initial values.

@@ -16,11 +16,12 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gpt2 {
@@ -138,9 +139,7 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
   // dweight (OC, C) += dout^T (OC, rows) . inp (rows, C)
   this_thread().run(P, {N, M, K, true, false, true, false}, dout_operand, operand<P>(inp, rows * C, 2), nullptr,
                     dweight);
-  if (dbias != nullptr)
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t o = 0; o < OC; ++o) dbias[o] += dout[r * OC + o];
+  if (dbias != nullptr) add_column_sums(dbias, dout, rows, OC);
 }
 
 }  // namespace dnnl_detail

@@ -15,6 +15,12 @@ struct matmul_engine {
                    const float* weight, std::size_t rows, std::size_t C, std::size_t OC);
 };
 
+/// dbias[o] += the sum over rows of dout[row, o]: backward's bias gradient, which the engines leave to the loop.
+inline void add_column_sums(float* dbias, const float* dout, std::size_t rows, std::size_t OC) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t o = 0; o < OC; ++o) dbias[o] += dout[r * OC + o];
+}
+
 /// The installed engine, or null for the CPU loops. Install before training starts (it is not synchronised).
 inline const matmul_engine*& installed_matmul_engine() noexcept {
   static const matmul_engine* engine = nullptr;

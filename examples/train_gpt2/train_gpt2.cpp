@@ -67,6 +67,7 @@
 #include "llmc_files.hpp"
 #include "gpt2_model.hpp"
 #include "reference_trainer.hpp"
+#include "timing.hpp"
 
 #include <algorithm>
 #include <array>
@@ -531,11 +532,10 @@ class progress_log {
     }
     if (steps > 1) {
       // The steady state: the first step (cold caches, first allocations) is left out.
-      std::vector<double> steady(step_seconds_.begin() + 1, step_seconds_.end());
-      std::nth_element(steady.begin(), steady.begin() + static_cast<std::ptrdiff_t>(steady.size() / 2), steady.end());
+      const std::vector<double> steady(step_seconds_.begin() + 1, step_seconds_.end());
       std::printf("timing: median step %.3f ms (predicted %.0f ms) over %zu steps (the first excluded), "
                   "device peak %s, pinned host peak %s\n",
-                  steady[steady.size() / 2] * 1e3, chosen.time.step * 1e3, steady.size(),
+                  gpt2::median_of(steady) * 1e3, chosen.time.step * 1e3, steady.size(),
                   format_bytes(rt.device_stats().peak).c_str(), format_bytes(rt.host_stats().peak).c_str());
     }
     if (rt.streamed_chunks() > 0)
