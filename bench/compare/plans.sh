@@ -23,7 +23,7 @@ ranks="${3:-settings}"
 shift $(( $# < 3 ? $# : 3 ))
 trainer="$build/examples/train_gpt2/train_gpt2"
 [[ -x "$trainer" ]] || { echo "plans.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
-tiny=(--device-budget 0 --layers 2 --channels 64 --batch 4)
+tiny=(--device-budget 0 --layers 2 --channels 128 --batch 4)
 export OMP_WAIT_POLICY=passive
 
 compare() {  # compare NAME RANKS STEPS FLAGS...: one setting's table and plans line

@@ -93,7 +93,7 @@ struct block_timing_executor {
 /// model has parameters (its parameters widened for forward and again for backward, its gradients added into 16-bit
 /// accumulators), scaled with the parameters to the whole model's.
 inline double measure_pass_flops(const model_config& config, int ranks, chunkwise::dtype type = chunkwise::dtype::fp32,
-                                 int iterations = 7, double min_seconds = 0.3) {
+                                 int iterations = 7, double min_seconds = 1.0) {
   auto cut = config;
   cut.layers = std::min<std::size_t>(config.layers, 2);
   const double block_scale = static_cast<double>(config.layers) / static_cast<double>(cut.layers);
