@@ -3,13 +3,15 @@
 // several chunks) at 1, 2 and 4 thread ranks, with updates at step() and with updates overlapping backward;
 // clipping by the global norm across ranks; micro-batch accumulation; a run that departs from the profiled order;
 // the bytes the collectives move, against hand counts; the NVMe update pipeline; bf16 and fp16 parameters (fp32 master weights) against a
-// reference computed in the same precision, and fp16 loss scaling that skips an overflowed step.
+// reference computed in the same precision, and fp16 loss scaling that skips an overflowed step; the same runs on a
+// device the host cannot address (runtime/isolated_device.hpp), bit for bit.
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/collective/hybrid.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/runtime/fp32_compute.hpp>
+#include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/detail/nvme_update_pipeline.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 #include <chunkwise/testing/nvme_faults.hpp>
@@ -18,8 +20,12 @@
 
 #include "runtime/toy_model.hpp"
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -50,6 +56,8 @@ struct toy_run {
   std::optional<optim::loss_scaler_config> loss_scaling{};
   byte_count device_budget = ~byte_count{0};
   std::chrono::milliseconds rank0_pass_delay{0};  // rank 0 computes each pass this much slower than the others
+  std::filesystem::path load_from{};  // a checkpoint restored before the first step
+  std::filesystem::path save_to{};    // a checkpoint saved after the last step
 };
 
 struct toy_result {
@@ -73,7 +81,7 @@ struct flushing_use {
   typename Bridge::flush_guard flushing;  // destroyed first: the flush comes before the release
 };
 
-template <class Plan>
+template <class Plan, class Backend = host_backend>
 toy_result train(const toy_run& run) {
   const std::size_t rows = toy::batch / static_cast<std::size_t>(run.ranks) / std::max(run.micro_batches, 1u);
   const auto model = toy::profile(rows, run.type);
@@ -102,11 +110,12 @@ toy_result train(const toy_run& run) {
         o.nvme_directory = nvme;
         o.loss_scaling = run.loss_scaling;
         o.device_budget = run.device_budget;
-        using runtime_type = runtime<Plan, host_backend, thread_comm>;
+        using runtime_type = runtime<Plan, Backend, thread_comm>;
         runtime_type rt(model, comm, toy::initialize, o);
         fp32_compute<runtime_type> bridge(rt);
+        if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
         std::vector<float> x, y;
-        for (std::uint64_t step = 1; step <= run.steps; ++step) {
+        for (std::uint64_t step = rt.steps() + 1; step <= run.steps; ++step) {
           toy::make_batch(step, x, y);
           const auto use = [&](std::size_t pass) {
             if (r == 0) std::this_thread::sleep_for(run.rank0_pass_delay);
@@ -131,6 +140,7 @@ toy_result train(const toy_run& run) {
             result.loss_scales.push_back(rt.loss_scale());
           }
         }
+        if (!run.save_to.empty()) rt.save_checkpoint(run.save_to);
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
           if (r == 0) result.parameters[t] = std::move(values);
@@ -329,6 +339,107 @@ TEST_CASE("bf16 parameters with fp32 master weights: every default plan at 1, 2 
         CHECK(at_step.parameters == expected);
     }
   });
+}
+
+TEST_CASE("on a device the host cannot address, every one-rank plan trains to the host backend's bits") {
+  // The isolated backend's device memory faults on any host access: the runtime zeroes, initialises, reduces, updates
+  // (its device optimizer for resident states, the CPU's for streamed ones), reads and checkpoints it only through
+  // backend_parts, and the trainer computes through fp32_compute's copies.
+  for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
+    if (!Plan::collective::supports(1)) return;  // hybrid<G>
+    CAPTURE(Plan::name());
+    const std::optional<std::size_t> blocks =
+        Plan::placement::uses_device_cache ? std::optional<std::size_t>(3) : std::nullopt;
+    using execution = typename Plan::optimizer_execution;
+    if constexpr (execution::min_offload_fraction > 0.0) {
+      // Resident chunks whose states are offloaded: refused with the way out.
+      const auto isolated = [](const toy_run& run) { return train<Plan, isolated_backend>(run); };
+      CHECK_THROWS_WITH_AS(isolated({.device_blocks = blocks}),
+                           doctest::Contains("offloads the optimizer states of 4 resident chunk(s)"), error);
+    } else {
+      for (const dtype type : {dtype::fp32, dtype::bf16}) {
+        CAPTURE(type);
+        for (const bool overlap : {false, true}) {
+          const toy_run run{.overlap = overlap, .device_blocks = blocks, .type = type};
+          const auto on_host = train<Plan>(run);
+          const auto isolated = train<Plan, isolated_backend>(run);
+          CHECK(isolated.parameters == on_host.parameters);
+          CHECK(isolated.grad_norms.size() == on_host.grad_norms.size());
+          CHECK(isolated.cache.fetches() == on_host.cache.fetches());
+          CHECK(isolated.streamed == on_host.streamed);
+        }
+      }
+      // Clipping: the norm sums the device optimizer's chunks and the CPU's separately (split<> has both), so the
+      // same squares in another order.
+      const auto clipped = train<Plan, isolated_backend>({.clip_norm = 0.5f, .device_blocks = blocks});
+      const auto clipped_on_host = train<Plan>({.clip_norm = 0.5f, .device_blocks = blocks});
+      REQUIRE(clipped.grad_norms.size() == clipped_on_host.grad_norms.size());
+      for (std::size_t s = 0; s < clipped.grad_norms.size(); ++s)
+        CHECK(clipped.grad_norms[s] == doctest::Approx(clipped_on_host.grad_norms[s]).epsilon(1e-12));
+      CHECK(toy::worst_relative_difference(clipped.parameters, clipped_on_host.parameters) < 1e-6);
+    }
+  });
+}
+
+TEST_CASE("checkpoints move between a device the host cannot address and the host backend, bit for bit") {
+  using resident = on_toy<default_plans::at<2>>;  // sharded: every state on the device
+  using streamed = on_toy<default_plans::at<6>>;  // split<pinned_host>: one chunk resident, three streamed
+  const auto directory =
+      std::filesystem::temp_directory_path() / ("chunkwise-isolated-checkpoint-" + std::to_string(::getpid()));
+  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+    CAPTURE(type);
+    std::filesystem::remove_all(directory);
+    const auto saved = train<resident, isolated_backend>({.steps = 2, .type = type, .save_to = directory});
+    // Restored on the host under another plan, and back: the same parameters, and the same next steps.
+    const auto on_host = train<streamed>({.steps = 2, .device_blocks = 3, .type = type, .load_from = directory});
+    CHECK(on_host.parameters == saved.parameters);
+    const auto continued =
+        train<streamed, isolated_backend>({.steps = 3, .device_blocks = 3, .type = type, .load_from = directory});
+    CHECK(continued.parameters == train<resident>({.steps = 3, .type = type}).parameters);
+  }
+  std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("a device the host cannot address refuses a host communicator over several ranks, naming nccl_comm") {
+  using replicated = on_toy<default_plans::at<0>>;
+  const auto isolated = [](const toy_run& run) { return train<replicated, isolated_backend>(run); };
+  CHECK_THROWS_WITH_AS(isolated({.ranks = 2}),
+                       doctest::Contains("with 2 ranks: this communicator's collectives run on the host and cannot "
+                                         "read the device's memory; use a device communicator (nccl_comm)"),
+                       error);
+}
+
+TEST_CASE("the isolated device faults on a host access and moves bytes only through its tier and backend") {
+  isolated_device_tier tier(1 * MiB);
+  auto* block = static_cast<float*>(tier.allocate_sync(4 * sizeof(float)));
+  CHECK(tier.stats().in_use == 4 * sizeof(float));
+  const float values[4] = {1, 2, 3, 4};
+  tier.copy_from_host(block, values, sizeof(values));
+  float back[4] = {};
+  isolated_backend backend;
+  backend.copy_async(backend.d2h(), back, block, sizeof(back));
+  backend.synchronize(backend.d2h());
+  CHECK(std::equal(back, back + 4, values));
+  tier.fill_zero(block + 1, sizeof(float));
+  tier.copy_to_host(back, block, sizeof(back));
+  CHECK(back[0] == 1.0f);
+  CHECK(back[1] == 0.0f);
+  // The handed-out address has no access: a read through it in a child process dies of SIGSEGV.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    std::signal(SIGSEGV, SIG_DFL);  // not the test framework's crash report
+    volatile float sink = *static_cast<volatile float*>(block);
+    (void)sink;
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);
+  tier.deallocate_sync(block, 4 * sizeof(float));
+  CHECK(tier.stats().in_use == 0);
+  CHECK(host_alias(block) == block);  // no longer a device block
+  CHECK_THROWS_WITH_AS((void)tier.allocate_sync(2 * MiB), doctest::Contains("budget"), error);
 }
 
 TEST_CASE("bf16 halves the bytes the collectives and the cache move") {

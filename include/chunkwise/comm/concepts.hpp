@@ -91,4 +91,10 @@ concept communicator =
       { comm.split(color, key) } -> std::same_as<C>;
     };
 
+/// Whether a communicator's collectives read and write device memory (nccl_comm's do, on its stream); the host
+/// communicators touch chunk bytes on the host, so they need chunks the host can address. Specialise to true for a
+/// device communicator.
+template <class C>
+inline constexpr bool reaches_device_memory = false;
+
 }  // namespace chunkwise

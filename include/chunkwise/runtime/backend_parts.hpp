@@ -1,8 +1,15 @@
 #pragma once
 // backend_parts<Backend>: what the runtime takes from a backend besides its copy streams: the tier that holds device
-// chunks and the optimizer that updates states living in that tier. The host backend's device is host memory (the
-// emulated device tier) and its device optimizer is the SIMD CPU Adam; the CUDA backend specialises this in a .cuh
-// (cudaMalloc memory, the fused CUDA Adam).
+// chunks and the optimizer that updates states living in that tier.
+//   device_tier             where device chunks live; when the host cannot address it (device_is_host_memory
+//                           false), a host_staged_tier (tier/concepts.hpp): the runtime zeroes it and copies to and
+//                           from it only through the tier's calls, and its collectives need a communicator that
+//                           reaches device memory
+//   device_optimizer        a chunk_optimizer over arrays in that tier; make_optimizer(backend, adam, threads) makes
+//                           it when the device is not host memory (else the runtime's CPU Adam serves both)
+// The host backend's device is host memory (the emulated device tier) and its device optimizer is the SIMD CPU Adam;
+// the CUDA backend specialises this in runtime/cuda/backend_parts.cuh (the GPU's memory, the fused CUDA Adam), and
+// tests in runtime/isolated_device.hpp (host memory the host may not touch).
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/tier/emulated_device.hpp>

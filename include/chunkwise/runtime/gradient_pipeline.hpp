@@ -135,6 +135,12 @@ class gradient_pipeline {
       std::swap(b.gradient, b.owned_gradient);
       return;
     }
+    if (ops_->ranks() == 1 && !b.gradient.host_accessible()) {
+      // One rank, a device the host cannot address and the owned gradient in a host tier (offloaded or streamed
+      // states): the reduction is a copy down, through the device tier.
+      b.gradient.copy_to_host(b.owned_gradient.template data<std::byte>(), 0, b.owned_gradient.bytes());
+      return;
+    }
     visit_element(type_, "runtime", [&]<class T>(T) {
       b.reduction = ops_->template reduce_grads<T>(b.gradient.template span<T>(), b.owned_gradient.template span<T>(),
                                                    reduce_op::average);

@@ -52,6 +52,7 @@ class home_storage {
 
  public:
   using device_tier = typename backend_parts<Backend>::device_tier;
+  using backend_type = Backend;
 
   home_storage(Backend& backend, device_tier& device, pinned_host_tier& pinned, byte_count host_budget,
                home_layout layout)
@@ -132,11 +133,12 @@ class home_storage {
   template <class F>
   void update(std::uint32_t c, F&& f) {
     if (streamed(c)) return streamed_->update(local(c), std::forward<F>(f));
-    f(resident_view(c));
+    on_host(c, f, /*write_back=*/true);
   }
   /// The optimizer's update of chunk c: f(home_view) on its home state, on any thread, one at a time; `done` (may be
   /// null) completes once the new state is in the home (NVMe homes write it back behind the caller), or with the
-  /// failure. invalidate(c, done) first.
+  /// failure. invalidate(c, done) first. A resident chunk's view is its memory where it lives (device addresses for
+  /// a device the host cannot address: f hands them to the device's optimizer).
   template <class F>
   void update_async(std::uint32_t c, F&& f, std::shared_ptr<completion> done = nullptr) {
     if (streamed(c)) return streamed_->update_async(local(c), std::forward<F>(f), std::move(done));
@@ -155,7 +157,7 @@ class home_storage {
   template <class F>
   void read(std::uint32_t c, F&& f) {
     if (streamed(c)) return streamed_->read(local(c), std::forward<F>(f));
-    f(resident_view(c));
+    on_host(c, f, /*write_back=*/false);
   }
 
   /// After the updates of an iteration: fetch the next iteration's first streamed chunks ahead.
@@ -176,6 +178,18 @@ class home_storage {
     auto& h = residents_[c];
     return home_view::of(h.param.template data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c],
                          h.master.data(), h.moment1.data(), h.moment2.data(), h.moment1.span().size());
+  }
+  // f(home_view) on resident chunk c from the host (initialisation, checkpoints, reads): arrays in device memory the
+  // host cannot address are copied to the host first and, when f may change them, back after.
+  template <class F>
+  void on_host(std::uint32_t c, F& f, bool write_back) {
+    auto& h = residents_[c];
+    if (h.param.host_accessible() && h.moment1.host_accessible()) return f(resident_view(c));
+    detail::host_window param(h.param), master(h.master), moment1(h.moment1), moment2(h.moment2);
+    f(home_view::of(param.data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c],
+                    master.data(), moment1.data(), moment2.data(), h.moment1.span().size()));
+    if (!write_back) return;
+    for (auto* window : {&param, &master, &moment1, &moment2}) window->write_back();
   }
   struct absent {
     std::size_t chunks() const noexcept { return 0; }

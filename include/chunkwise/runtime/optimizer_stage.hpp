@@ -1,7 +1,9 @@
 #pragma once
 // optimizer_stage: the plan's optimizer execution over the chunks' home states. AdamW runs where a chunk's moments
-// live (home_storage::update hands it the home parameters and moments: device tier, pinned host, host or NVMe);
-// on the host backend every tier is host memory and the SIMD CPU Adam updates them all.
+// live (home_storage::update hands it the home parameters and moments: device tier, pinned host, host or NVMe):
+// states in the device tier go to the backend's device optimizer (backend_parts<Backend>::device_optimizer: the
+// fused CUDA Adam on a GPU), states in host tiers to the SIMD CPU Adam (Elixir's hybrid). On the host backend the
+// device tier is host memory and the CPU Adam updates them all.
 //
 // When the update of a chunk can start: as soon as its gradient is reduced, on the stage's own worker thread, while
 // backward goes on with the chunks before it (LoHan/Fuyou's "active gradient offloading", ZeRO-Offload's delayed
@@ -25,6 +27,7 @@
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/optim/loss_scaler.hpp>
 #include <chunkwise/optim/mixed_precision.hpp>
+#include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
 #include <chunkwise/runtime/home_view.hpp>
 
@@ -33,6 +36,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace chunkwise {
@@ -50,13 +55,19 @@ struct optimizer_settings {
 
 template <class Collective, communicator Comm, class Homes>
 class optimizer_stage {
+  using backend_type = typename Homes::backend_type;
+  using parts = backend_parts<backend_type>;
+  // The device tier's optimizer, when the device is not host memory (else the CPU Adam serves both).
+  using device_optimizer = std::conditional_t<parts::device_is_host_memory, std::monostate,
+                                              typename parts::device_optimizer>;
+
  public:
   using record = chunk_record<Comm>;
 
   optimizer_stage(const optimizer_settings& settings, chunk_collectives<Collective, Comm>& ops, Homes& homes,
-                  std::vector<record>& chunks)
-      : settings_(settings), adam_(settings.adam, {.threads = settings.threads}), ops_(&ops), homes_(&homes),
-        chunks_(&chunks) {
+                  std::vector<record>& chunks, backend_type& backend)
+      : settings_(settings), adam_(settings.adam, {.threads = settings.threads}),
+        device_adam_(make_device_optimizer(backend, settings)), ops_(&ops), homes_(&homes), chunks_(&chunks) {
     if (!(settings_.clip_norm >= 0.0f) || !std::isfinite(settings_.clip_norm))
       detail::raise(error_code::invalid_argument, "runtime: clip_norm must be a finite number >= 0 (0: no clipping), "
                                                   "got " + std::to_string(settings_.clip_norm));
@@ -150,12 +161,30 @@ class optimizer_stage {
   }
 
  private:
+  static device_optimizer make_device_optimizer(backend_type& backend, const optimizer_settings& settings) {
+    if constexpr (parts::device_is_host_memory) return {};
+    else return parts::make_optimizer(backend, settings.adam, settings.threads);
+  }
+  // Where chunk b's states live decides its optimizer: a resident chunk's states in a device tier the host cannot
+  // address go to the device's; states in host tiers (offloaded, streamed, or the host backend's device) to the CPU's.
+  bool device_updates(const record& b) const noexcept {
+    return !parts::device_is_host_memory && !homes_->streamed(b.index) && b.states_on_device;
+  }
+  template <class F>
+  void with_optimizer_for(const record& b, F&& f) {
+    if constexpr (!parts::device_is_host_memory)
+      if (device_updates(b)) return f(device_adam_);
+    f(adam_);
+  }
+
   void update(record& b, const optim::step_args& args, std::shared_ptr<completion> done) {
     homes_->update_async(b.index, [&](const home_view& home) {
       const optim::chunk_arrays state{home.master.data(), b.owned_gradient.template data<std::byte>(), home.type,
                                       home.moment1.data(), home.moment2.data(), home.owned_working(), home.type,
                                       b.owned.valid};
-      adam_.step(state, args);
+      with_optimizer_for(b, [&](auto& optimizer) {
+        optimizer.step(std::span<const optim::chunk_arrays>(&state, 1), args);
+      });
     }, std::move(done));
   }
 
@@ -177,11 +206,14 @@ class optimizer_stage {
   // The sum of squares of the owned gradients (as stored, loss-scaled) of every rank: the square of
   // torch.nn.utils.clip_grad_norm_'s norm. Replicas of a shard (replicated chunks, hybrid groups) are counted once.
   double global_sum_of_squares() {
-    std::vector<optim::chunk_arrays> owned;
-    for (auto& b : *chunks_)
-      owned.push_back({nullptr, b.owned_gradient.template data<std::byte>(), homes_->type(), nullptr, nullptr,
-                       nullptr, dtype::fp32, b.owned.valid});
-    const double mine = adam_.grad_sum_of_squares(owned);
+    std::vector<optim::chunk_arrays> on_host, on_device;  // by the optimizer that can read them
+    for (auto& b : *chunks_) {
+      const optim::chunk_arrays owned{nullptr, b.owned_gradient.template data<std::byte>(), homes_->type(), nullptr,
+                                      nullptr, nullptr, dtype::fp32, b.owned.valid};
+      (device_updates(b) ? on_device : on_host).push_back(owned);
+    }
+    double mine = adam_.grad_sum_of_squares(on_host);
+    if constexpr (!parts::device_is_host_memory) mine += device_adam_.grad_sum_of_squares(on_device);
     double total = mine;
     if (ops_->ranks() > 1 && Collective::shards_gradients) {
       // An all-gather of each rank's double, summed in rank order: the same norm on every rank, bit for bit.
@@ -195,7 +227,8 @@ class optimizer_stage {
   }
 
   optimizer_settings settings_;
-  optim::cpu_adam adam_;
+  optim::cpu_adam adam_;            // states in host tiers (all of them on the host backend)
+  device_optimizer device_adam_;    // states in a device tier the host cannot address
   chunk_collectives<Collective, Comm>* ops_;
   Homes* homes_;
   std::vector<record>* chunks_;

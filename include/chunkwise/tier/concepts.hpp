@@ -62,6 +62,17 @@ concept memory_tier_with = memory_tier<T> && (has_property<T, Properties> && ...
 template <class T>
 concept addressable_tier = memory_tier<T> && std::same_as<typename T::handle_type, void*>;
 
+/// A device tier whose memory the host cannot address (a GPU's): the runtime zeroes it and moves bytes between it and
+/// host memory only through these synchronous calls (cudaMemset / cudaMemcpy on CUDA).
+template <class T>
+concept host_staged_tier =
+    addressable_tier<T> && !has_property<T, host_accessible> &&
+    requires(T& tier, void* device, const void* device_src, void* host, const void* host_src, byte_count bytes) {
+      tier.fill_zero(device, bytes);
+      tier.copy_to_host(host, device_src, bytes);
+      tier.copy_from_host(device, host_src, bytes);
+    };
+
 /// A file-backed tier: blocks read into and written from aligned host buffers.
 template <class T>
 concept block_store_tier =

@@ -138,6 +138,27 @@ chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<s
   return p;
 }
 
+/// A device the host cannot address (a GPU's) runs what the runtime drives through backend_parts<Backend>: it refuses,
+/// naming the way out, collectives of a host communicator over device memory, and resident chunks whose optimizer
+/// states are offloaded (their CPU update would read the fp32 master weights and write the working copy in device
+/// memory; a host master copy and an upload per update are not built yet).
+template <class Plan, class Backend, communicator Comm>
+void check_device_reach(const Comm& comm, const chunk_placement& p) {
+  if constexpr (!backend_parts<Backend>::device_is_host_memory) {
+    const std::string run = "runtime: " + Plan::name() + " on the " + Backend::name + " backend";
+    if (comm.size() > 1 && !reaches_device_memory<Comm>)
+      raise(error_code::unsupported, run + " with " + std::to_string(comm.size()) + " ranks: this communicator's "
+                                         "collectives run on the host and cannot read the device's memory; use a "
+                                         "device communicator (nccl_comm) or one rank");
+    if (p.offloaded > 0)
+      raise(error_code::unsupported, run + " offloads the optimizer states of " + std::to_string(p.offloaded) +
+                                         " resident chunk(s), whose CPU update would read and write device memory "
+                                         "(not supported yet on a device the host cannot address): choose a plan "
+                                         "that keeps the states on the device or streams the chunks (cached<>, "
+                                         "split<>)");
+  }
+}
+
 /// Each chunk's geometry, initial state and reduced-gradient buffer, which lives with its optimizer states.
 template <class Plan, communicator Comm, class Ops, class DeviceTier, class HostTier>
 std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& ops, const chunk_placement& p,

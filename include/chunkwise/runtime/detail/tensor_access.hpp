@@ -52,6 +52,12 @@ void require_gradient(const Record& b, std::uint32_t tensor) {
                                          "reduction");
 }
 
+inline void check_same_size(std::size_t a, std::size_t b, const char* call) {
+  if (a != b)
+    raise(error_code::invalid_argument, std::string("runtime::") + call + ": spans of " + std::to_string(a) + " and " +
+                                            std::to_string(b) + " elements; give both the same size");
+}
+
 inline void check_pass(const model_profile& model, std::size_t pass, const char* call) {
   if (pass >= model.passes.size())
     raise(error_code::invalid_argument, std::string("runtime::") + call + ": pass " + std::to_string(pass) +

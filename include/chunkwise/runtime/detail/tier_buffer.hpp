@@ -2,18 +2,57 @@
 // tier_buffer: a zero-filled array allocated from a memory tier (so the tier's byte budget counts it and refuses what
 // does not fit), returned to the tier when destroyed. Its elements are fp32 unless a 16-bit element type is given
 // (mixed-precision parameters and gradients); data<T>() views them as T. Movable, not copyable.
+// A buffer of a tier the host cannot address (a GPU's, tier/concepts.hpp host_staged_tier) is zeroed and read or
+// written from the host through its tier's calls; data<T>() is then a device address, for kernels and copies only.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/worker_threads.hpp>
+#include <chunkwise/tier/concepts.hpp>
 
 #include <algorithm>
 
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <vector>
 #include <utility>
 
 namespace chunkwise::detail {
+
+/// How a tier_buffer reaches its tier's memory, whatever the tier (one table per tier type).
+struct tier_buffer_ops {
+  void (*release)(void* tier, void* block, std::size_t bytes) noexcept;
+  void (*fill_zero)(void* tier, void* block, std::size_t bytes);
+  void (*to_host)(void* tier, void* host, const void* block, std::size_t bytes);
+  void (*from_host)(void* tier, void* block, const void* host, std::size_t bytes);
+  bool host_accessible;
+};
+
+template <class Tier>
+constexpr tier_buffer_ops tier_buffer_ops_of() {
+  tier_buffer_ops ops{};
+  ops.release = [](void* tier, void* block, std::size_t bytes) noexcept {
+    static_cast<Tier*>(tier)->deallocate_sync(block, bytes);
+  };
+  if constexpr (host_staged_tier<Tier>) {
+    ops.fill_zero = [](void* tier, void* block, std::size_t bytes) { static_cast<Tier*>(tier)->fill_zero(block, bytes); };
+    ops.to_host = [](void* tier, void* host, const void* block, std::size_t bytes) {
+      static_cast<Tier*>(tier)->copy_to_host(host, block, bytes);
+    };
+    ops.from_host = [](void* tier, void* block, const void* host, std::size_t bytes) {
+      static_cast<Tier*>(tier)->copy_from_host(block, host, bytes);
+    };
+    ops.host_accessible = false;
+  } else {
+    ops.fill_zero = [](void*, void* block, std::size_t bytes) { std::memset(block, 0, bytes); };
+    ops.to_host = [](void*, void* host, const void* block, std::size_t bytes) { std::memcpy(host, block, bytes); };
+    ops.from_host = [](void*, void* block, const void* host, std::size_t bytes) { std::memcpy(block, host, bytes); };
+    ops.host_accessible = true;
+  }
+  return ops;
+}
+template <class Tier>
+inline constexpr tier_buffer_ops tier_buffer_ops_for = tier_buffer_ops_of<Tier>();
 
 class tier_buffer {
  public:
@@ -23,10 +62,7 @@ class tier_buffer {
   static constexpr unfilled_t unfilled{};
   template <class Tier>
   tier_buffer(Tier& tier, std::size_t elements, dtype type, unfilled_t)
-      : tier_(&tier), bytes_(elements * size_of(type)) {
-    release_ = [](void* owner, void* block, std::size_t bytes) noexcept {
-      static_cast<Tier*>(owner)->deallocate_sync(block, bytes);
-    };
+      : tier_(&tier), bytes_(elements * size_of(type)), ops_(&tier_buffer_ops_for<Tier>) {
     if (bytes_ != 0) data_ = static_cast<std::byte*>(tier.allocate_sync(bytes_));
   }
   template <class Tier>
@@ -43,7 +79,7 @@ class tier_buffer {
   tier_buffer(const tier_buffer&) = delete;
   tier_buffer& operator=(const tier_buffer&) = delete;
   ~tier_buffer() {
-    if (data_ != nullptr) release_(tier_, data_, bytes_);
+    if (data_ != nullptr) ops_->release(tier_, data_, bytes_);
   }
 
   template <class T = float>
@@ -62,16 +98,26 @@ class tier_buffer {
   [[nodiscard]] bool empty() const noexcept { return bytes_ == 0; }
   /// Whether both came from the same tier (so swapping them moves no bytes between budgets).
   [[nodiscard]] bool same_tier(const tier_buffer& other) const noexcept { return tier_ == other.tier_; }
-  void zero() noexcept {
-    if (data_ != nullptr) std::memset(data_, 0, bytes_);
+  /// Whether the host may read and write data() directly (else: zero, copy_to_host, copy_from_host).
+  [[nodiscard]] bool host_accessible() const noexcept { return ops_ == nullptr || ops_->host_accessible; }
+  void zero() {
+    if (data_ != nullptr) ops_->fill_zero(tier_, data_, bytes_);
   }
   /// zero() in 1 MiB tiles on `threads` and the caller: a chunk's worth of memset on one core is most of a GPU
-  /// step's host time (gradient accumulators, every step).
-  void zero(worker_threads& threads) noexcept {
+  /// step's host time (gradient accumulators, every step). A tier the host cannot address fills it itself.
+  void zero(worker_threads& threads) {
+    if (!host_accessible()) return zero();
     constexpr std::size_t tile = std::size_t{1} << 20;
     threads.parallel_for((bytes_ + tile - 1) / tile, [&](std::size_t i) noexcept {
       std::memset(data_ + i * tile, 0, std::min(tile, bytes_ - i * tile));
     });
+  }
+  /// Copies `bytes` from byte `offset` of the buffer to host memory, or from host memory into it, through the tier.
+  void copy_to_host(void* host, std::size_t offset, std::size_t bytes) const {
+    if (bytes != 0) ops_->to_host(tier_, host, data_ + offset, bytes);
+  }
+  void copy_from_host(std::size_t offset, const void* host, std::size_t bytes) {
+    if (bytes != 0) ops_->from_host(tier_, data_ + offset, host, bytes);
   }
 
  private:
@@ -79,13 +125,35 @@ class tier_buffer {
     std::swap(tier_, other.tier_);
     std::swap(data_, other.data_);
     std::swap(bytes_, other.bytes_);
-    std::swap(release_, other.release_);
+    std::swap(ops_, other.ops_);
   }
 
   void* tier_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
-  void (*release_)(void*, void*, std::size_t) noexcept = nullptr;
+  const tier_buffer_ops* ops_ = nullptr;
+};
+
+/// A tier_buffer's bytes where the host can touch them: the buffer itself when its tier is host memory, else a host
+/// copy made at construction; write_back() returns a changed copy to the buffer.
+class host_window {
+ public:
+  explicit host_window(tier_buffer& buffer) : buffer_(&buffer) {
+    if (buffer.host_accessible()) return;
+    copy_.resize((buffer.bytes() + sizeof(float) - 1) / sizeof(float));
+    buffer.copy_to_host(copy_.data(), 0, buffer.bytes());
+  }
+  template <class T = float>
+  [[nodiscard]] T* data() noexcept {
+    return buffer_->host_accessible() ? buffer_->data<T>() : reinterpret_cast<T*>(copy_.data());
+  }
+  void write_back() {
+    if (!buffer_->host_accessible()) buffer_->copy_from_host(0, copy_.data(), buffer_->bytes());
+  }
+
+ private:
+  tier_buffer* buffer_;
+  std::vector<float> copy_;  // float-aligned for the views over it
 };
 
 }  // namespace chunkwise::detail
