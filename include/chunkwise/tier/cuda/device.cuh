@@ -70,6 +70,19 @@ class cuda_device_tier {
     CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: deallocate_sync"));
   }
 
+  // The host's way to device memory (tier/concepts.hpp host_staged_tier): synchronous, after the work queued on
+  // this thread's default stream.
+  void fill_zero(void* memory, byte_count bytes) {
+    CHUNKWISE_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, cudaStreamPerThread), std::string("CUDA device tier: fill_zero"));
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: fill_zero"));
+  }
+  void copy_to_host(void* host, const void* memory, byte_count bytes) {
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost), std::string("CUDA device tier: copy_to_host"));
+  }
+  void copy_from_host(void* memory, const void* host, byte_count bytes) {
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice), std::string("CUDA device tier: copy_from_host"));
+  }
+
   [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
   [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
   void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
@@ -94,5 +107,6 @@ class cuda_device_tier {
 
 static_assert(memory_tier_with<cuda_device_tier, device_accessible>);
 static_assert(!has_property<cuda_device_tier, host_accessible>);
+static_assert(host_staged_tier<cuda_device_tier>);
 
 }  // namespace chunkwise

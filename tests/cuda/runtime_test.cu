@@ -1,0 +1,108 @@
+// The runtime with its chunks in the GPU's own memory (runtime<Plan, cuda_backend, thread_comm>, one rank): the toy
+// chain model of tests/runtime/toy_model.hpp trains to the host backend's parameters. Resident chunks' states are
+// updated by the fused CUDA Adam (bit-identical to the CPU kernel), streamed chunks' by the CPU Adam in their home;
+// the trainer computes on the CPU through fp32_compute's copies. CI compiles it; the same runs on the host in
+// tests/runtime_pipeline_test.cpp over the isolated device (memory the host cannot address), bit for bit.
+#include "gpu_test_main.hpp"
+
+#include <chunkwise/backend/host.hpp>
+#include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/layout/fixed.hpp>
+#include <chunkwise/plan/default_plans.hpp>
+#include <chunkwise/runtime/cuda/backend_parts.cuh>
+#include <chunkwise/runtime/fp32_compute.hpp>
+#include <chunkwise/runtime/runtime.hpp>
+
+#include "../runtime/toy_model.hpp"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace chunkwise;
+
+namespace {
+
+using toy_layout = layout::fixed<8 * KiB>;  // four chunks, as in runtime_pipeline_test
+template <class P>
+using on_toy = plan<toy_layout, typename P::placement, typename P::collective, typename P::optimizer_execution>;
+
+float warmup_lr(std::uint64_t step) { return 2e-2f * static_cast<float>(step) / 3.0f; }
+
+template <class Guard, class Bridge>
+struct flushing_use {
+  Guard guard;
+  typename Bridge::flush_guard flushing;  // destroyed first: the flush comes before the release
+};
+
+struct toy_result {
+  std::vector<std::vector<float>> parameters;
+  tier_stats device;
+  std::size_t streamed = 0;
+};
+
+template <class Plan, class Backend>
+toy_result train(dtype type, bool overlap) {
+  const auto model = toy::profile(toy::batch, type);
+  thread_world world(1);
+  auto comm = world.comm(0);
+  runtime_options o;
+  o.adam = optim::adamw_config();
+  if (overlap) o.learning_rate = warmup_lr;
+  if (Plan::placement::uses_device_cache) o.device_blocks = 3;
+  o.nvme_directory = std::filesystem::temp_directory_path();
+  using runtime_type = runtime<Plan, Backend, thread_comm>;
+  runtime_type rt(model, comm, toy::initialize, o);
+  fp32_compute<runtime_type> bridge(rt);
+  std::vector<float> x, y;
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    toy::make_batch(step, x, y);
+    const auto use = [&](std::size_t pass) {
+      return flushing_use<typename runtime_type::pass_guard, decltype(bridge)>{rt.use(pass), bridge.flush_at_exit()};
+    };
+    toy::forward_backward(
+        x.data(), y.data(), toy::batch, 1.0f / static_cast<float>(toy::batch), use,
+        [&](std::size_t t) { return bridge.parameter(static_cast<std::uint32_t>(t)); },
+        [&](std::size_t t) { return bridge.gradient(static_cast<std::uint32_t>(t)); });
+    if (overlap) rt.step();
+    else rt.step(warmup_lr(step));
+  }
+  toy_result result;
+  for (std::uint32_t t = 0; t < model.tensors.size(); ++t) result.parameters.push_back(rt.read_parameters(t));
+  result.device = rt.device_stats();
+  result.streamed = rt.streamed_chunks();
+  return result;
+}
+
+template <std::size_t... I>
+void for_each_plan(std::index_sequence<I...>, auto&& f) {
+  (f(std::type_identity<on_toy<typename default_plans::template at<I>>>{}), ...);
+}
+
+}  // namespace
+
+TEST_CASE("chunks in GPU memory: every one-rank plan that keeps states with their chunks trains to the host's bits") {
+  for_each_plan(std::make_index_sequence<default_plans::size>{}, [&]<class Plan>(std::type_identity<Plan>) {
+    if constexpr (Plan::optimizer_execution::min_offload_fraction == 0.0) {
+      if (!Plan::collective::supports(1)) return;
+      CAPTURE(Plan::name());
+      for (const dtype type : {dtype::fp32, dtype::bf16})
+        for (const bool overlap : {false, true}) {
+          CAPTURE(type);
+          CAPTURE(overlap);
+          const auto on_gpu = train<Plan, cuda_backend>(type, overlap);
+          const auto on_host = train<Plan, host_backend>(type, overlap);
+          CHECK(on_gpu.device.peak > 0);
+          CHECK(on_gpu.streamed == on_host.streamed);
+          CHECK(toy::worst_relative_difference(on_gpu.parameters, on_host.parameters) == 0.0);
+        }
+    }
+  });
+}
+
+TEST_CASE("chunks in GPU memory: a plan that offloads resident chunks' states is refused, naming the way out") {
+  using offload = on_toy<default_plans::at<4>>;
+  CHECK_THROWS_WITH_AS((train<offload, cuda_backend>(dtype::fp32, false)),
+                       doctest::Contains("choose a plan that keeps the states on the device"), error);
+}
