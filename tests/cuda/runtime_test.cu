@@ -1,6 +1,6 @@
 // The runtime with its chunks in the GPU's own memory (runtime<Plan, cuda_backend, thread_comm>, one rank): the toy
 // chain model of tests/runtime/toy_model.hpp trains to the host backend's parameters. Resident chunks' states are
-// updated by the fused CUDA Adam (bit-identical to the CPU kernel), streamed chunks' by the CPU Adam in their home;
+// updated by the fused CUDA Adam (bit-identical to the CPU kernel), offloaded and streamed chunks' by the CPU Adam;
 // the trainer computes on the CPU through fp32_compute's copies. CI compiles it; the same runs on the host in
 // tests/runtime_pipeline_test.cpp over the isolated device (memory the host cannot address), bit for bit.
 #include "gpu_test_main.hpp"
@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace chunkwise;
@@ -82,27 +83,38 @@ void for_each_plan(std::index_sequence<I...>, auto&& f) {
 
 }  // namespace
 
-TEST_CASE("chunks in GPU memory: every one-rank plan that keeps states with their chunks trains to the host's bits") {
+TEST_CASE("chunks in GPU memory: every one-rank default plan trains the toy to the host backend's bits") {
   for_each_plan(std::make_index_sequence<default_plans::size>{}, [&]<class Plan>(std::type_identity<Plan>) {
-    if constexpr (Plan::optimizer_execution::min_offload_fraction == 0.0) {
-      if (!Plan::collective::supports(1)) return;
-      CAPTURE(Plan::name());
-      for (const dtype type : {dtype::fp32, dtype::bf16})
-        for (const bool overlap : {false, true}) {
-          CAPTURE(type);
-          CAPTURE(overlap);
-          const auto on_gpu = train<Plan, cuda_backend>(type, overlap);
-          const auto on_host = train<Plan, host_backend>(type, overlap);
-          CHECK(on_gpu.device.peak > 0);
-          CHECK(on_gpu.streamed == on_host.streamed);
-          CHECK(toy::worst_relative_difference(on_gpu.parameters, on_host.parameters) == 0.0);
-        }
-    }
+    if (!Plan::collective::supports(1)) return;
+    CAPTURE(Plan::name());
+    for (const dtype type : {dtype::fp32, dtype::bf16})
+      for (const bool overlap : {false, true}) {
+        CAPTURE(type);
+        CAPTURE(overlap);
+        const auto on_gpu = train<Plan, cuda_backend>(type, overlap);
+        const auto on_host = train<Plan, host_backend>(type, overlap);
+        CHECK(on_gpu.device.peak > 0);
+        CHECK(on_gpu.streamed == on_host.streamed);
+        CHECK(toy::worst_relative_difference(on_gpu.parameters, on_host.parameters) == 0.0);
+      }
   });
 }
 
-TEST_CASE("chunks in GPU memory: a plan that offloads resident chunks' states is refused, naming the way out") {
-  using offload = on_toy<default_plans::at<4>>;
-  CHECK_THROWS_WITH_AS((train<offload, cuda_backend>(dtype::fp32, false)),
-                       doctest::Contains("choose a plan that keeps the states on the device"), error);
+TEST_CASE("chunks in GPU memory: a host communicator over two ranks is refused") {
+  using replicated = on_toy<default_plans::at<0>>;
+  const auto model = toy::profile(toy::batch / 2);
+  thread_world world(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      auto comm = world.comm(r);
+      try {
+        runtime<replicated, cuda_backend, thread_comm> rt(model, comm, toy::initialize, {});
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) CHECK(e.find("cannot read the device's memory; run one rank") != std::string::npos);
 }

@@ -91,9 +91,10 @@ concept communicator =
       { comm.split(color, key) } -> std::same_as<C>;
     };
 
-/// Whether a communicator's collectives read and write device memory (nccl_comm's do, on its stream); the host
-/// communicators touch chunk bytes on the host, so they need chunks the host can address. Specialise to true for a
-/// device communicator.
+/// Whether a communicator's collectives may be given device memory the host cannot address. The host communicators
+/// touch chunk bytes on the host, so they need chunks the host can address. Specialise to true for a device
+/// communicator whose runtime path is built (nccl_comm's is not yet: the runtime still gives its communicator host
+/// buffers for plan agreement, the gradient norm and publication).
 template <class C>
 inline constexpr bool reaches_device_memory = false;
 

@@ -138,11 +138,18 @@ class home_storage {
   /// The optimizer's update of chunk c: f(home_view) on its home state, on any thread, one at a time; `done` (may be
   /// null) completes once the new state is in the home (NVMe homes write it back behind the caller), or with the
   /// failure. invalidate(c, done) first. A resident chunk's view is its memory where it lives (device addresses for
-  /// a device the host cannot address: f hands them to the device's optimizer).
+  /// a device the host cannot address: f hands them to the device's optimizer), or a host copy when its states are
+  /// offloaded from such a device.
   template <class F>
   void update_async(std::uint32_t c, F&& f, std::shared_ptr<completion> done = nullptr) {
     if (streamed(c)) return streamed_->update_async(local(c), std::forward<F>(f), std::move(done));
-    run_then_complete(done, [&] { f(resident_view(c)); });
+    run_then_complete(done, [&] {
+      // States offloaded from a device the host cannot address: the CPU updates a host copy of the working
+      // parameters (fp32: they are the master weights) and the new ones go back up, as ZeRO-Offload's do.
+      if (!residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible())
+        return on_host(c, f, /*write_back=*/true);
+      f(resident_view(c));
+    });
   }
   /// Chunk c is the next to update: NVMe homes start reading its state (any thread).
   void prepare_update(std::uint32_t c) {

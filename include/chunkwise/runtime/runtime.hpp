@@ -80,7 +80,7 @@ class runtime {
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
                     options.loss_scaling},
                    ops_, homes_, chunks_, backend_) {
-    detail::check_device_reach<Plan, Backend>(comm, placement_);
+    detail::check_device_reach<Plan, Backend>(comm);
     detail::initialize_homes(homes_, chunks_, map_, model_, initialize);
     start_iteration();
   }

@@ -139,23 +139,18 @@ chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<s
 }
 
 /// A device the host cannot address (a GPU's) runs what the runtime drives through backend_parts<Backend>: it refuses,
-/// naming the way out, collectives of a host communicator over device memory, and resident chunks whose optimizer
-/// states are offloaded (their CPU update would read the fp32 master weights and write the working copy in device
-/// memory; a host master copy and an upload per update are not built yet).
+/// naming the way out, collectives of a host communicator over device memory. (A device communicator also needs the
+/// runtime's host-memory collectives, plan agreement, the norm, publication and read_parameters, moved to device
+/// buffers: not built yet.)
 template <class Plan, class Backend, communicator Comm>
-void check_device_reach(const Comm& comm, const chunk_placement& p) {
+void check_device_reach(const Comm& comm) {
   if constexpr (!backend_parts<Backend>::device_is_host_memory) {
-    const std::string run = "runtime: " + Plan::name() + " on the " + Backend::name + " backend";
     if (comm.size() > 1 && !reaches_device_memory<Comm>)
-      raise(error_code::unsupported, run + " with " + std::to_string(comm.size()) + " ranks: this communicator's "
-                                         "collectives run on the host and cannot read the device's memory; use a "
-                                         "device communicator (nccl_comm) or one rank");
-    if (p.offloaded > 0)
-      raise(error_code::unsupported, run + " offloads the optimizer states of " + std::to_string(p.offloaded) +
-                                         " resident chunk(s), whose CPU update would read and write device memory "
-                                         "(not supported yet on a device the host cannot address): choose a plan "
-                                         "that keeps the states on the device or streams the chunks (cached<>, "
-                                         "split<>)");
+      raise(error_code::unsupported, "runtime: " + Plan::name() + " on the " + Backend::name + " backend with " +
+                                         std::to_string(comm.size()) + " ranks: this communicator's collectives run "
+                                         "on the host and cannot read the device's memory; run one rank, or a "
+                                         "communicator that reaches device memory (reaches_device_memory<Comm>: "
+                                         "none yet, nccl_comm's runtime path is not built)");
   }
 }
 
