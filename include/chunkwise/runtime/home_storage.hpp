@@ -160,6 +160,12 @@ class home_storage {
   void drain_updates() {
     if (streamed_) streamed_->drain_updates();
   }
+  /// Whether update(c, f) hands f chunk c's home memory itself (not a copy written back after f): what f starts may
+  /// then go on writing into it after update returns.
+  [[nodiscard]] bool changes_in_place(std::uint32_t c) const noexcept {
+    if (streamed(c)) return streamed_->changes_in_place();
+    return residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible();
+  }
   /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
   void read(std::uint32_t c, F&& f) {
@@ -204,6 +210,7 @@ class home_storage {
     void release(std::uint32_t) {}
     std::pair<std::byte*, transfer<Backend>> acquire_ahead(std::uint32_t) { return {}; }
     std::size_t blocks() const noexcept { return 0; }
+    bool changes_in_place() const noexcept { return true; }
     void invalidate(std::uint32_t, std::shared_ptr<completion>) {}
     template <class F> void update(std::uint32_t, F&&) {}
     template <class F> void update_async(std::uint32_t, F&&, std::shared_ptr<completion>) {}

@@ -148,19 +148,30 @@ class optimizer_stage {
       }
     }
     homes_->drain_updates();  // every write-back is in the home before the next fetch or read
-    if constexpr (Collective::shards_gradients && !Collective::shards_parameters)
-      for (auto& b : chunks)
-        homes_->update(b.index, [&](const home_view& home) {
-          visit_element(home.type, "runtime", [&]<class T>(T) {
-            const auto working = home.working_as<T>();
-            ops_->template publish_update<T>(working).wait();
-            published_bytes_ += (working.size() - ops_->template owned_params<T>(working).size()) * sizeof(T);
-          });
-        });
+    if constexpr (Collective::shards_gradients && !Collective::shards_parameters) publish(chunks);
     return true;
   }
 
  private:
+  // ZeRO-2's all-gathers of the updated shards, issued in chunk order (the same on every rank). Where a home is
+  // changed in place they are all in flight before the first wait (measured at 2 thread ranks, toy GPT-2 of 128
+  // channels: 0.79 ms a step waited one by one, 0.33-0.65 ms together); a home read into a copy and written back
+  // (NVMe, a device the host cannot address) waits for its own gather before the write-back.
+  void publish(std::vector<record>& chunks) {
+    std::vector<pending<Comm>> in_flight;
+    for (auto& b : chunks)
+      homes_->update(b.index, [&](const home_view& home) {
+        visit_element(home.type, "runtime", [&]<class T>(T) {
+          const auto working = home.working_as<T>();
+          auto gathered = ops_->template publish_update<T>(working);
+          if (homes_->changes_in_place(b.index)) in_flight.push_back(std::move(gathered));
+          else gathered.wait();
+          published_bytes_ += (working.size() - ops_->template owned_params<T>(working).size()) * sizeof(T);
+        });
+      });
+    for (auto& gathered : in_flight) gathered.wait();
+  }
+
   static device_optimizer make_device_optimizer(backend_type& backend, const optimizer_settings& settings) {
     if constexpr (parts::device_is_host_memory) return {};
     else return parts::make_optimizer(backend, settings.adam, settings.threads);

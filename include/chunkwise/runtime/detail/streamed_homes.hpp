@@ -166,6 +166,9 @@ class streamed_homes {
   void drain_updates() {
     if constexpr (on_nvme) pipeline_->drain();
   }
+  /// Whether update() hands f the home memory itself: pinned and pageable host homes; NVMe homes are read into
+  /// scratch and written back.
+  static constexpr bool changes_in_place() noexcept { return !on_nvme; }
   /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
   void read(std::uint32_t c, F&& f) {
