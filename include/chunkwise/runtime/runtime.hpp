@@ -165,21 +165,12 @@ class runtime {
   [[nodiscard]] dtype element_type() const noexcept { return type_; }
 
   /// Whether parameter(t) and gradient(t) are host memory. False on a device the host cannot address (a GPU's):
-  /// they are device addresses for the backend's kernels, and a CPU trainer copies them (fp32_compute does).
+  /// they are device addresses for the backend's kernels, and a CPU trainer copies them (fp32_compute does), with:
   static constexpr bool chunks_on_host = backend_parts<Backend>::device_is_host_memory;
-  /// Copies between the host and the device memory of parameter(t) / gradient(t) spans (synchronous).
   template <class T>
-  void copy_to_host(std::span<T> host, std::span<const T> device) {
-    detail::check_same_size(host.size(), device.size(), "copy_to_host");
-    if constexpr (chunks_on_host) std::copy(device.begin(), device.end(), host.begin());
-    else device_.copy_to_host(host.data(), device.data(), host.size_bytes());
-  }
+  void copy_to_host(std::span<T> host, std::span<const T> device) { detail::copy_to_host(device_, host, device); }
   template <class T>
-  void copy_to_device(std::span<T> device, std::span<const T> host) {
-    detail::check_same_size(device.size(), host.size(), "copy_to_device");
-    if constexpr (chunks_on_host) std::copy(host.begin(), host.end(), device.begin());
-    else device_.copy_from_host(device.data(), host.data(), host.size_bytes());
-  }
+  void copy_to_device(std::span<T> device, std::span<const T> host) { detail::copy_to_device(device_, device, host); }
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.

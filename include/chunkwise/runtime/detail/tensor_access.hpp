@@ -1,14 +1,16 @@
 #pragma once
 // The runtime's checked lookups of a tensor: its chunk, its span inside a chunk's memory in the model's element
-// type, and the states in which the trainer may read its parameters or write its gradient. Each refusal names what
-// was asked and what would be legal.
+// type, and the states in which the trainer may read its parameters or write its gradient; copies of such spans
+// between the host and device memory. Each refusal names what was asked and what would be legal.
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
+#include <chunkwise/tier/concepts.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -56,6 +58,21 @@ inline void check_same_size(std::size_t a, std::size_t b, const char* call) {
   if (a != b)
     raise(error_code::invalid_argument, std::string("runtime::") + call + ": spans of " + std::to_string(a) + " and " +
                                             std::to_string(b) + " elements; give both the same size");
+}
+
+/// Synchronous copies between host memory and a device tier's memory: through the tier where the host cannot
+/// address it (host_staged_tier), plain copies where it can.
+template <class DeviceTier, class T>
+void copy_to_host(DeviceTier& device, std::span<T> host, std::span<const T> from) {
+  check_same_size(host.size(), from.size(), "copy_to_host");
+  if constexpr (host_staged_tier<DeviceTier>) device.copy_to_host(host.data(), from.data(), host.size_bytes());
+  else std::copy(from.begin(), from.end(), host.begin());
+}
+template <class DeviceTier, class T>
+void copy_to_device(DeviceTier& device, std::span<T> to, std::span<const T> host) {
+  check_same_size(to.size(), host.size(), "copy_to_device");
+  if constexpr (host_staged_tier<DeviceTier>) device.copy_from_host(to.data(), host.data(), host.size_bytes());
+  else std::copy(host.begin(), host.end(), to.begin());
 }
 
 inline void check_pass(const model_profile& model, std::size_t pass, const char* call) {

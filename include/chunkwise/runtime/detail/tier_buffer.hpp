@@ -35,7 +35,9 @@ constexpr tier_buffer_ops tier_buffer_ops_of() {
     static_cast<Tier*>(tier)->deallocate_sync(block, bytes);
   };
   if constexpr (host_staged_tier<Tier>) {
-    ops.fill_zero = [](void* tier, void* block, std::size_t bytes) { static_cast<Tier*>(tier)->fill_zero(block, bytes); };
+    ops.fill_zero = [](void* tier, void* block, std::size_t bytes) {
+      static_cast<Tier*>(tier)->fill_zero(block, bytes);
+    };
     ops.to_host = [](void* tier, void* host, const void* block, std::size_t bytes) {
       static_cast<Tier*>(tier)->copy_to_host(host, block, bytes);
     };

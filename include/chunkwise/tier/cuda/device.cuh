@@ -73,14 +73,17 @@ class cuda_device_tier {
   // The host's way to device memory (tier/concepts.hpp host_staged_tier): synchronous, after the work queued on
   // this thread's default stream.
   void fill_zero(void* memory, byte_count bytes) {
-    CHUNKWISE_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, cudaStreamPerThread), std::string("CUDA device tier: fill_zero"));
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: fill_zero"));
+    const std::string context = "CUDA device tier: fill_zero";
+    CHUNKWISE_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, cudaStreamPerThread), context);
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), context);
   }
   void copy_to_host(void* host, const void* memory, byte_count bytes) {
-    CHUNKWISE_CUDA_TRY(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost), std::string("CUDA device tier: copy_to_host"));
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost),
+                       std::string("CUDA device tier: copy_to_host"));
   }
   void copy_from_host(void* memory, const void* host, byte_count bytes) {
-    CHUNKWISE_CUDA_TRY(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice), std::string("CUDA device tier: copy_from_host"));
+    CHUNKWISE_CUDA_TRY(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice),
+                       std::string("CUDA device tier: copy_from_host"));
   }
 
   [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
