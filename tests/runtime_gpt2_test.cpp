@@ -10,6 +10,7 @@
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/gpt2.hpp>
 #include <chunkwise/backend/host.hpp>
+#include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -71,7 +72,7 @@ struct run_options {
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
 /// rank 0.
-template <class Plan>
+template <class Plan, class Backend = host_backend>
 std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, const run_options& run = {}) {
   auto config = tiny(1);
   config.recompute = run.recompute;
@@ -107,7 +108,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
             run.initial == nullptr ? gpt2::initializer(config, seed) : [&run](std::uint32_t t, std::span<float> values) {
               std::copy((*run.initial)[t].begin(), (*run.initial)[t].end(), values.begin());
             };
-        runtime<Plan, host_backend, thread_comm> rt(model, comm, initialize, options);
+        runtime<Plan, Backend, thread_comm> rt(model, comm, initialize, options);
         gpt2::activations<float> acts(config);
         fp32_compute compute(rt);
         gpt2::chunk_executor passes(rt, compute, acts);  // the step's schedule on chunk memory
@@ -556,6 +557,25 @@ TEST_CASE("every plan of default_plans trains GPT-2 to the reference's parameter
         const std::size_t blocks = Plan::layout::name == "private_chunks" ? 3 : 2;
         check_equal(train<Plan>(ranks, {.device_blocks = blocks, .nvme_directory = nvme}).first,
                     reference(ranks, Plan::collective::group_size));  // hybrid<G>: the mean of the groups' means
+      }
+    });
+  std::filesystem::remove_all(nvme);
+}
+
+TEST_CASE("GPT-2 on a device the host cannot address: every one-rank default plan gives the host backend's bits") {
+  // The trainer's executor reads parameters and writes gradients only through fp32_compute, which copies them across
+  // (runtime/isolated_device.hpp: any host access of the device's memory is SIGSEGV).
+  const auto nvme = scratch_directory("chunkwise_isolated_plans_");
+  for (std::size_t i = 0; i < default_plans::size; ++i)
+    dispatch<default_plans>(i, [&]<class Default>(std::type_identity<Default>) {
+      using Plan = at_test_scale<Default>;
+      if (!Plan::collective::supports(1)) return;
+      CAPTURE(Plan::name());
+      const std::size_t blocks = Plan::layout::name == "private_chunks" ? 3 : 2;
+      for (const dtype type : {dtype::fp32, dtype::bf16}) {
+        CAPTURE(type);
+        const run_options run{.device_blocks = blocks, .nvme_directory = nvme, .type = type};
+        CHECK(train<Plan, isolated_backend>(1, run).first == train<Plan>(1, run).first);
       }
     });
   std::filesystem::remove_all(nvme);
