@@ -12,9 +12,11 @@
 # What the machine lacks travels with the working tree: Debian's doctest-dev and nlohmann-json3-dev as .deb files in
 # .device-debs/ (carry it), unpacked into a prefix the build finds. NCCL from the toolkit, else from PyTorch's wheel.
 # A carried build skips the compile there: here, cmake -S . -B build/carry -G Ninja -DCMAKE_BUILD_TYPE=Release
-# -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF, ninja train_gpt2
-# chunkwise_gpt2_device_test chunkwise_cuda_gpt2_device_test, copy the BLAS and oneDNN it links (ldd) into
-# .device-libs/, and carry those binaries and .device-libs; a carried build that does not start there is ignored.
+# -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF
+# -DCHUNKWISE_DNNL_LIBRARY=OFF (oneDNN's 40 MB library would not fit the 64 MiB carry), ninja train_gpt2
+# chunkwise_gpt2_device_test chunkwise_cuda_gpt2_device_test chunkwise_cuda_runtime_test, copy the BLAS it links
+# (ldd) into .device-libs/, and carry those binaries, .device-libs and .device-debs (about 48 MB); a carried build
+# that does not start there is ignored.
 # Usage (on the device machine): bash bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]
 # MEMCHECK_TESTS="..." names the CUDA tests to run under memcheck (default: all, none under QUICK=1); DEADLINE_S (500)
 # ends memcheck. QUICK=1 builds and tests only the trainer's device passes.
