@@ -11,6 +11,7 @@
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/runtime/fp32_compute.hpp>
+#include <chunkwise/runtime/isolated_comm.hpp>
 #include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/detail/nvme_update_pipeline.hpp>
 #include <chunkwise/runtime/runtime.hpp>
@@ -81,7 +82,7 @@ struct flushing_use {
   typename Bridge::flush_guard flushing;  // destroyed first: the flush comes before the release
 };
 
-template <class Plan, class Backend = host_backend>
+template <class Plan, class Backend = host_backend, class Comm = thread_comm>
 toy_result train(const toy_run& run) {
   const std::size_t rows = toy::batch / static_cast<std::size_t>(run.ranks) / std::max(run.micro_batches, 1u);
   const auto model = toy::profile(rows, run.type);
@@ -95,7 +96,7 @@ toy_result train(const toy_run& run) {
   for (int r = 0; r < run.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
-        auto comm = world.comm(r);
+        Comm comm(world.comm(r));
         std::atomic<std::uint64_t> asked{0};
         runtime_options o;
         o.adam = optim::adamw_config();
@@ -110,7 +111,7 @@ toy_result train(const toy_run& run) {
         o.nvme_directory = nvme;
         o.loss_scaling = run.loss_scaling;
         o.device_budget = run.device_budget;
-        using runtime_type = runtime<Plan, Backend, thread_comm>;
+        using runtime_type = runtime<Plan, Backend, Comm>;
         runtime_type rt(model, comm, toy::initialize, o);
         fp32_compute<runtime_type> bridge(rt);
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
@@ -391,6 +392,76 @@ TEST_CASE("checkpoints move between a device the host cannot address and the hos
     CHECK(continued.parameters == train<resident>({.steps = 3, .type = type}).parameters);
   }
   std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("over collectives that take only device memory, every plan at 2 and 4 ranks trains to the host's bits") {
+  // isolated_comm refuses host memory as NCCL does: the plan agreement, the norm, ZeRO-2's publication, reductions
+  // that land in host tiers and read_parameters all go through the device.
+  for_each_plan<default_plans>([&]<class Plan>(std::type_identity<Plan>) {
+    const std::optional<std::size_t> blocks =
+        Plan::placement::uses_device_cache ? std::optional<std::size_t>(3) : std::nullopt;
+    for (const int ranks : {2, 4}) {
+      if (!Plan::collective::supports(ranks)) continue;
+      CAPTURE(Plan::name());
+      CAPTURE(ranks);
+      for (const dtype type : {dtype::fp32, dtype::bf16}) {
+        CAPTURE(type);
+        for (const bool overlap : {false, true}) {
+          const toy_run run{.ranks = ranks, .overlap = overlap, .device_blocks = blocks, .type = type};
+          const auto on_host = train<Plan>(run);
+          const auto isolated = train<Plan, isolated_backend, isolated_comm>(run);
+          CHECK(isolated.parameters == on_host.parameters);
+          CHECK(isolated.cache.fetches() == on_host.cache.fetches());
+          CHECK(isolated.traffic.gathered == on_host.traffic.gathered);
+          CHECK(isolated.traffic.reduced == on_host.traffic.reduced);
+          CHECK(isolated.traffic.published == on_host.traffic.published);
+        }
+      }
+      // The clipping norm's exchange goes through the device too: the same norms (summed in another order where
+      // split<> has chunks on both optimizers).
+      const auto clipped = train<Plan, isolated_backend, isolated_comm>({.ranks = ranks, .clip_norm = 0.5f,
+                                                                         .device_blocks = blocks});
+      const auto clipped_on_host = train<Plan>({.ranks = ranks, .clip_norm = 0.5f, .device_blocks = blocks});
+      REQUIRE(clipped.grad_norms.size() == clipped_on_host.grad_norms.size());
+      for (std::size_t s = 0; s < clipped.grad_norms.size(); ++s)
+        CHECK(clipped.grad_norms[s] == doctest::Approx(clipped_on_host.grad_norms[s]).epsilon(1e-12));
+      CHECK(toy::worst_relative_difference(clipped.parameters, clipped_on_host.parameters) < 1e-6);
+    }
+  });
+}
+
+TEST_CASE("checkpoints saved over device collectives at 2 ranks restore on 4 host ranks and back, bit for bit") {
+  using sharded = on_toy<default_plans::at<2>>;
+  using streamed = on_toy<default_plans::at<6>>;
+  const auto directory =
+      std::filesystem::temp_directory_path() / ("chunkwise-isolated-ranks-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(directory);
+  const auto saved = train<sharded, isolated_backend, isolated_comm>({.ranks = 2, .steps = 2, .save_to = directory});
+  const auto on_host = train<streamed>({.ranks = 4, .steps = 2, .device_blocks = 3, .load_from = directory});
+  CHECK(on_host.parameters == saved.parameters);
+  const auto continued = train<streamed, isolated_backend, isolated_comm>(
+      {.ranks = 2, .steps = 3, .device_blocks = 3, .load_from = directory});
+  CHECK(continued.parameters == train<sharded>({.ranks = 2, .steps = 3}).parameters);
+  std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("the device communicator refuses host memory, naming the operation") {
+  thread_world world(1);
+  isolated_comm comm(world.comm(0));
+  std::vector<float> host(4, 1.0f);
+  CHECK_THROWS_WITH_AS(comm.all_reduce(std::span<const float>(host), std::span<float>(host), reduce_op::sum),
+                       doctest::Contains("isolated_comm: all_reduce was given 16 bytes of host memory"), error);
+  isolated_device_tier tier(1 * MiB);
+  auto* device = static_cast<float*>(tier.allocate_sync(4 * sizeof(float)));
+  tier.copy_from_host(device, host.data(), 4 * sizeof(float));
+  comm.all_reduce(std::span<const float>(device, 4), std::span<float>(device, 4), reduce_op::sum).wait();
+  std::vector<float> back(4);
+  tier.copy_to_host(back.data(), device, 4 * sizeof(float));
+  CHECK(back == host);
+  // A span that runs past its block is refused as well.
+  CHECK_THROWS_AS(comm.all_reduce(std::span<const float>(device, 2048), std::span<float>(device, 2048),
+                                  reduce_op::sum), error);
+  tier.deallocate_sync(device, 4 * sizeof(float));
 }
 
 TEST_CASE("a device the host cannot address refuses a host communicator over several ranks") {

@@ -103,6 +103,53 @@ class device_executor {
   std::vector<float*> parameters_, gradients_;
 };
 
+/// The address the device passes use for a runtime's device address: the same on a GPU.
+struct same_address {
+  float* operator()(float* device) const noexcept { return device; }
+};
+
+/// --backend cuda with the chunks in device memory (runtime<Plan, gpu_backend, ...>, fp32): each pass acquires its
+/// chunks, and the device passes read the runtime's parameters and add into its gradient accumulators where they
+/// are: no mirror, no staging, no copy. The pass's kernels finish before its release hands the chunks on (to a
+/// reduction, an update or an eviction). `Address` maps the runtime's device addresses to the passes' (tests: the
+/// isolated device's host aliases, for the passes on Thrust's OpenMP system).
+template <class Runtime, class Address = same_address>
+class device_chunk_executor {
+ public:
+  device_chunk_executor(Runtime& rt, device_workspace& workspace, const model_config& config, Address address = {})
+      : rt_(&rt), workspace_(&workspace), address_(address) {
+    const auto tensors = parameter_tensors(config).size();
+    parameters_.assign(tensors, nullptr);
+    gradients_.assign(tensors, nullptr);
+  }
+  /// The next forward() starts at the profile's first pass.
+  void restart() noexcept { next_ = 0; }
+
+  template <class Body>
+  void pass(const pass_info& info, Body&& body) {
+    const std::size_t pass = next_++;
+    time_host("runtime acquire", [&] { rt_->acquire(pass); });
+    const bool backward = info.kind == chunkwise::pass_kind::backward;
+    for (const auto t : info.tensors) {
+      parameters_[t] = address_(rt_->parameter(static_cast<std::uint32_t>(t)).data());
+      gradients_[t] = backward ? address_(rt_->gradient(static_cast<std::uint32_t>(t)).data()) : nullptr;
+    }
+    body(*this);
+    workspace_->synchronize();
+    time_host("runtime release", [&] { rt_->release(pass); });
+  }
+  float* param(std::size_t t) { return parameters_[t]; }
+  float* grad(std::size_t t) { return gradients_[t]; }
+  device_workspace& acts() noexcept { return *workspace_; }
+
+ private:
+  Runtime* rt_;
+  device_workspace* workspace_;
+  Address address_;
+  std::size_t next_ = 0;
+  std::vector<float*> parameters_, gradients_;
+};
+
 /// The FLOP/s the device passes reach, their staging copies included: the compute rate the planner charges for
 /// train_gpt2 --backend cuda. As measure_pass_flops (chunked_trainer.hpp) on the CPU: the model cut to as many layers
 /// as fit 1 GiB of training state, one warm-up, then the median of `iterations` forward and backward passes.

@@ -7,6 +7,9 @@
 
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
+#if CHUNKWISE_HAS_NCCL
+#include <chunkwise/comm/cuda/nccl_comm.cuh>
+#endif
 #include <chunkwise/layout/fixed.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/runtime/cuda/backend_parts.cuh>
@@ -19,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace chunkwise;
@@ -43,17 +47,25 @@ struct toy_result {
   std::size_t streamed = 0;
 };
 
-template <class Plan, class Backend>
+// One rank of thread_comm, or (nccl) one rank of NCCL on the backend's device: the runtime's device collectives.
+template <class Comm>
+Comm one_rank() {
+  if constexpr (std::is_same_v<Comm, thread_comm>) return thread_world(1).comm(0);
+#if CHUNKWISE_HAS_NCCL
+  else return nccl_comm(nccl_comm::make_unique_id(), 0, 1, nullptr);
+#endif
+}
+
+template <class Plan, class Backend, class Comm = thread_comm>
 toy_result train(dtype type, bool overlap) {
   const auto model = toy::profile(toy::batch, type);
-  thread_world world(1);
-  auto comm = world.comm(0);
+  auto comm = one_rank<Comm>();
   runtime_options o;
   o.adam = optim::adamw_config();
   if (overlap) o.learning_rate = warmup_lr;
   if (Plan::placement::uses_device_cache) o.device_blocks = 3;
   o.nvme_directory = std::filesystem::temp_directory_path();
-  using runtime_type = runtime<Plan, Backend, thread_comm>;
+  using runtime_type = runtime<Plan, Backend, Comm>;
   runtime_type rt(model, comm, toy::initialize, o);
   fp32_compute<runtime_type> bridge(rt);
   std::vector<float> x, y;
@@ -99,6 +111,24 @@ TEST_CASE("chunks in GPU memory: every one-rank default plan trains the toy to t
       }
   });
 }
+
+#if CHUNKWISE_HAS_NCCL
+TEST_CASE("chunks in GPU memory over NCCL (one rank): every one-rank plan, the host backend's bits") {
+  // The runtime's device-collective path (plan agreement and norms through device buffers, ZeRO-2's publication in
+  // place on the device); several ranks need several GPUs, and run on the host over isolated_comm
+  // (runtime_pipeline_test).
+  for_each_plan(std::make_index_sequence<default_plans::size>{}, [&]<class Plan>(std::type_identity<Plan>) {
+    if (!Plan::collective::supports(1)) return;
+    CAPTURE(Plan::name());
+    for (const dtype type : {dtype::fp32, dtype::bf16}) {
+      CAPTURE(type);
+      const auto over_nccl = train<Plan, cuda_backend, nccl_comm>(type, /*overlap=*/true);
+      const auto on_host = train<Plan, host_backend>(type, /*overlap=*/true);
+      CHECK(toy::worst_relative_difference(over_nccl.parameters, on_host.parameters) == 0.0);
+    }
+  });
+}
+#endif
 
 TEST_CASE("chunks in GPU memory: a host communicator over two ranks is refused") {
   using replicated = on_toy<default_plans::at<0>>;

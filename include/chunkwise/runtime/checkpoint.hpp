@@ -31,7 +31,7 @@ struct checkpoint_site {
   const chunk_map& map;
   std::vector<Record>& chunks;
   Homes& homes;
-  Comm& comm;
+  detail::host_exchange<Comm>& comm;  // the outcomes' agreements
   checkpoint_identity identity;
 };
 

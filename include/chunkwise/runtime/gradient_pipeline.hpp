@@ -135,15 +135,17 @@ class gradient_pipeline {
       std::swap(b.gradient, b.owned_gradient);
       return;
     }
-    if (ops_->ranks() == 1 && !b.gradient.host_accessible()) {
-      // One rank, a device the host cannot address and the owned gradient in a host tier (offloaded or streamed
-      // states): the reduction is a copy down, through the device tier.
+    if (lands_on_host(b) && ops_->ranks() == 1) {
+      // One rank: the reduction is a copy down, through the device tier.
       b.gradient.copy_to_host(b.owned_gradient.template data<std::byte>(), 0, b.owned_gradient.bytes());
       return;
     }
     visit_element(type_, "runtime", [&]<class T>(T) {
-      b.reduction = ops_->template reduce_grads<T>(b.gradient.template span<T>(), b.owned_gradient.template span<T>(),
-                                                   reduce_op::average);
+      const auto full = b.gradient.template span<T>();
+      // Landing on the host from device collectives: reduced in place in the accumulator, copied down once complete.
+      const auto owned = lands_on_host(b) ? full.subspan(b.owned.offset, b.owned.elements)
+                                          : b.owned_gradient.template span<T>();
+      b.reduction = ops_->template reduce_grads<T>(full, owned, reduce_op::average);
     });
   }
 
@@ -167,6 +169,12 @@ class gradient_pipeline {
   }
 
  private:
+  // A device the host cannot address and the owned gradient in a host tier (offloaded or streamed states): the
+  // reduced gradient goes down through the device tier (only a communicator that reaches device memory gets here
+  // with several ranks: runtime's check_device_reach).
+  static bool lands_on_host(const record& b) noexcept {
+    return !b.gradient.host_accessible() && b.owned_gradient.host_accessible();
+  }
   // Chunk b's accumulator, zeroed, unless it has one.
   template <class Reduced>
   void give_accumulator(record& b, Reduced& reduced) {
@@ -184,6 +192,9 @@ class gradient_pipeline {
     if (!wait_for_oldest && !b.reduction.test()) return false;
     b.reduction.wait();
     b.reduction = {};
+    if (lands_on_host(b) && ops_->ranks() > 1)
+      b.gradient.copy_to_host(b.owned_gradient.template data<std::byte>(), b.owned.offset * size_of(type_),
+                              b.owned_gradient.bytes());
     b.gradient = {};
     reducing_.pop_front();
     b.life.reduced();

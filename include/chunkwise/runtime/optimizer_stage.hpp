@@ -19,7 +19,9 @@
 // gradients are unscaled there too (grad_scale = clip coefficient / loss scale).
 //
 // Publication (ZeRO-2's all-gather of the updated shards) is a collective, so it runs on the caller's thread at
-// step(), in chunk order, the same on every rank whatever the timing of the updates.
+// step(), in chunk order, the same on every rank whatever the timing of the updates. Over a communicator that takes
+// only device memory (NCCL's) it gathers a resident home in place on the device, and a streamed home (host memory)
+// through a device buffer.
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/error.hpp>
@@ -29,6 +31,8 @@
 #include <chunkwise/optim/mixed_precision.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/host_exchange.hpp>
+#include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/runtime/home_view.hpp>
 
 #include <cmath>
@@ -60,14 +64,19 @@ class optimizer_stage {
   // The device tier's optimizer, when the device is not host memory (else the CPU Adam serves both).
   using device_optimizer = std::conditional_t<parts::device_is_host_memory, std::monostate,
                                               typename parts::device_optimizer>;
+  using device_tier = typename Homes::device_tier;
+  // The collectives take device memory only (NCCL's on a GPU): publication goes through the device.
+  static constexpr bool collectives_on_device = reaches_device_memory<Comm> && !parts::device_is_host_memory;
 
  public:
   using record = chunk_record<Comm>;
 
-  optimizer_stage(const optimizer_settings& settings, chunk_collectives<Collective, Comm>& ops, Homes& homes,
-                  std::vector<record>& chunks, backend_type& backend)
+  optimizer_stage(const optimizer_settings& settings, chunk_collectives<Collective, Comm>& ops,
+                  detail::host_exchange<Comm>& exchange, Homes& homes, std::vector<record>& chunks,
+                  backend_type& backend, device_tier& device)
       : settings_(settings), adam_(settings.adam, {.threads = settings.threads}),
-        device_adam_(make_device_optimizer(backend, settings)), ops_(&ops), homes_(&homes), chunks_(&chunks) {
+        device_adam_(make_device_optimizer(backend, settings)), ops_(&ops), exchange_(&exchange), homes_(&homes),
+        chunks_(&chunks), device_(&device) {
     if (!(settings_.clip_norm >= 0.0f) || !std::isfinite(settings_.clip_norm))
       detail::raise(error_code::invalid_argument, "runtime: clip_norm must be a finite number >= 0 (0: no clipping), "
                                                   "got " + std::to_string(settings_.clip_norm));
@@ -159,17 +168,43 @@ class optimizer_stage {
   // (NVMe, a device the host cannot address) waits for its own gather before the write-back.
   void publish(std::vector<record>& chunks) {
     std::vector<pending<Comm>> in_flight;
-    for (auto& b : chunks)
+    for (auto& b : chunks) {
+      if constexpr (collectives_on_device) {
+        publish_on_device(b, in_flight);
+        continue;
+      }
       homes_->update(b.index, [&](const home_view& home) {
         visit_element(home.type, "runtime", [&]<class T>(T) {
           const auto working = home.working_as<T>();
           auto gathered = ops_->template publish_update<T>(working);
           if (homes_->changes_in_place(b.index)) in_flight.push_back(std::move(gathered));
           else gathered.wait();
-          published_bytes_ += (working.size() - ops_->template owned_params<T>(working).size()) * sizeof(T);
+          count_published(working);
         });
       });
+    }
     for (auto& gathered : in_flight) gathered.wait();
+  }
+  void publish_on_device(record& b, std::vector<pending<Comm>>& in_flight) {
+    visit_element(homes_->type(), "runtime", [&]<class T>(T) {
+      if (!homes_->streamed(b.index)) {  // the home's device memory is the working parameters: gathered in place
+        const std::span<T> working(reinterpret_cast<T*>(homes_->acquire(b.index)), b.home_elements);
+        in_flight.push_back(ops_->template publish_update<T>(working));
+        return count_published(working);
+      }
+      homes_->update(b.index, [&](const home_view& home) {
+        const auto working = home.working_as<T>();
+        detail::tier_buffer staging(*device_, working.size(), home.type, detail::tier_buffer::unfilled);
+        staging.copy_from_host(0, working.data(), working.size_bytes());
+        ops_->template publish_update<T>(staging.template span<T>()).wait();
+        staging.copy_to_host(working.data(), 0, working.size_bytes());
+        count_published(working);
+      });
+    });
+  }
+  template <class T>
+  void count_published(std::span<T> working) {
+    published_bytes_ += (working.size() - ops_->template owned_params<T>(working).size()) * sizeof(T);
   }
 
   static device_optimizer make_device_optimizer(backend_type& backend, const optimizer_settings& settings) {
@@ -229,7 +264,7 @@ class optimizer_stage {
     if (ops_->ranks() > 1 && Collective::shards_gradients) {
       // An all-gather of each rank's double, summed in rank order: the same norm on every rank, bit for bit.
       std::vector<double> all(static_cast<std::size_t>(ops_->ranks()));
-      ops_->world().all_gather(std::span<const double>(&mine, 1), std::span<double>(all)).wait();
+      exchange_->all_gather(std::span<const double>(&mine, 1), std::span<double>(all));
       total = 0.0;
       for (const double s : all) total += s;
       total /= static_cast<double>(ops_->ranks() / ops_->shard_ranks());  // each group holds the whole gradient
@@ -241,8 +276,10 @@ class optimizer_stage {
   optim::cpu_adam adam_;            // states in host tiers (all of them on the host backend)
   device_optimizer device_adam_;    // states in a device tier the host cannot address
   chunk_collectives<Collective, Comm>* ops_;
+  detail::host_exchange<Comm>* exchange_;
   Homes* homes_;
   std::vector<record>* chunks_;
+  device_tier* device_;  // staging for publications over device collectives
   std::optional<worker_threads> worker_;  // overlapped updates, one at a time, in hand-over order
   std::optional<optim::loss_scaler> scaler_;
   bool skipped_ = false;

@@ -11,6 +11,7 @@
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/runtime/home_view.hpp>
@@ -25,6 +26,9 @@ namespace chunkwise {
 
 template <class Collective, communicator Comm, class Homes, class Gradients>
 class parameter_fetches {
+  static constexpr bool gathers_on_device =
+      reaches_device_memory<Comm> && !backend_parts<typename Homes::backend_type>::device_is_host_memory;
+
  public:
   using record = chunk_record<Comm>;
 
@@ -132,8 +136,10 @@ class parameter_fetches {
   }
 
   /// Elements [first, first + count) of chunk b's working parameters as fp32, read from the home (and gathered when
-  /// the collective shards parameters: a collective call).
-  std::vector<float> read(const record& b, std::size_t first, std::size_t count) {
+  /// the collective shards parameters: a collective call, through device buffers where the communicator reaches
+  /// device memory only; `reduced` as for start).
+  template <class Reduced>
+  std::vector<float> read(const record& b, std::size_t first, std::size_t count, Reduced&& reduced) {
     std::vector<float> result(count);
     visit_element(type_, "runtime", [&]<class T>(T) {
       std::vector<T> values;
@@ -141,7 +147,14 @@ class parameter_fetches {
         const auto working = home.working_as<T>();
         values.assign(working.begin(), working.end());
       });
-      if constexpr (Collective::shards_parameters) {
+      if constexpr (Collective::shards_parameters && gathers_on_device) {
+        auto home = gradients_->device_buffer(values.size(), reduced);
+        auto full = gradients_->device_buffer(b.full_elements, reduced);
+        home.copy_from_host(0, values.data(), values.size() * sizeof(T));
+        ops_->template gather_params<T>(std::span<const T>(home.template span<T>()), full.template span<T>()).wait();
+        values.resize(b.full_elements);
+        full.copy_to_host(values.data(), 0, full.bytes());
+      } else if constexpr (Collective::shards_parameters) {
         std::vector<T> gathered(b.full_elements);
         ops_->template gather_params<T>(std::span<const T>(values), std::span<T>(gathered)).wait();
         values = std::move(gathered);

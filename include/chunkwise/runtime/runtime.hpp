@@ -29,6 +29,7 @@
 #include <chunkwise/runtime/checkpoint.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
 #include <chunkwise/runtime/detail/assembly.hpp>
+#include <chunkwise/runtime/detail/host_exchange.hpp>
 #include <chunkwise/runtime/detail/rank_agreement.hpp>
 #include <chunkwise/runtime/detail/tensor_access.hpp>
 #include <chunkwise/runtime/gradient_pipeline.hpp>
@@ -63,14 +64,15 @@ class runtime {
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
       : model_(detail::checked_model(model)),
         comm_(&comm),
-        plan_agreed_(detail::agree_on_plan<Plan>(model, comm, options)),
+        device_(options.device_budget),
+        host_(options.host_budget),
+        exchange_(comm, device_),
+        plan_agreed_(detail::agree_on_plan<Plan>(model, exchange_, options)),
         ops_(collective::bind(comm)),
         map_(detail::build_layout<Plan>(model, {static_cast<std::uint32_t>(comm.size()), options.alignment},
                                         options.chunk_bytes, options.layout_candidate)),
         pass_chunks_(detail::chunks_by_pass(model_, map_)),
         placement_(detail::place_chunks<Plan>(map_.chunks.size(), pass_chunks_, options)),
-        device_(options.device_budget),
-        host_(options.host_budget),
         chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, type_, device_, host_)),
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
@@ -79,7 +81,7 @@ class runtime {
         fetches_(ops_, homes_, gradients_, chunks_, pass_chunks_, options.prefetch_depth, type_),
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
                     options.loss_scaling},
-                   ops_, homes_, chunks_, backend_) {
+                   ops_, exchange_, homes_, chunks_, backend_, device_) {
     detail::check_device_reach<Plan, Backend>(comm);
     detail::initialize_homes(homes_, chunks_, map_, model_, initialize);
     start_iteration();
@@ -193,7 +195,7 @@ class runtime {
   /// for plans that shard parameters: every rank calls it, for the same tensors in the same order.
   std::vector<float> read_parameters(std::uint32_t tensor) {
     return fetches_.read(chunks_[chunk_of(tensor)], map_.locations[tensor].offset / size_of(type_),
-                         model_.tensors[tensor].elements);
+                         model_.tensors[tensor].elements, reduced_sink());
   }
 
   /// Saves the training state (runtime/checkpoint.hpp): a collective call between steps; if any rank fails, every
@@ -281,7 +283,7 @@ class runtime {
 
   std::uint32_t chunk_of(std::uint32_t tensor) const { return detail::chunk_of(model_, map_, tensor); }
   checkpoint_site<record, homes_type, Comm> site() {
-    return {model_, map_, chunks_, homes_, *comm_,
+    return {model_, map_, chunks_, homes_, exchange_,
             {model_.name.str(), Plan::name(), detail::tensor_list_hash(model_), static_cast<std::uint64_t>(ops_.ranks()),
              static_cast<std::uint64_t>(ops_.rank()), steps_}};
   }
@@ -289,14 +291,15 @@ class runtime {
   model_profile model_;
   dtype type_ = detail::compute_type(model_);  // the working parameters' and gradients' element type
   Comm* comm_;
+  Backend backend_;
+  device_tier device_;
+  pinned_host_tier host_;
+  detail::host_exchange<Comm> exchange_;  // agreements and norms over host values (through device_ where need be)
   bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   std::vector<std::vector<std::uint32_t>> pass_chunks_;  // the chunks each pass touches, in first-touch order
   detail::chunk_placement placement_;                    // device blocks, resident and offloaded chunks
-  Backend backend_;
-  device_tier device_;
-  pinned_host_tier host_;
   std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
   homes_type homes_;                // after the records (its layout comes from them)
   gradients_type gradients_;

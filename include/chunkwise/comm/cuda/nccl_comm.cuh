@@ -249,6 +249,10 @@ class nccl_comm {
 
 static_assert(communicator<nccl_comm>);
 
+/// Its collectives take GPU memory: the runtime gives it device buffers only (runtime/detail/host_exchange.hpp).
+template <>
+inline constexpr bool reaches_device_memory<nccl_comm> = true;
+
 /// Joins an NCCL communicator with the rank and size of `via`, rank 0's unique id broadcast through it (mpi_comm
 /// across machines, thread_comm for the GPUs of one process).
 template <communicator Bootstrap>

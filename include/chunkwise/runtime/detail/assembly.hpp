@@ -45,7 +45,7 @@ inline dtype compute_type(const model_profile& model) noexcept {
 
 /// Every rank must run the same plan on the same model with the same layout knobs.
 template <class Plan, communicator Comm>
-bool agree_on_plan(const model_profile& model, Comm& comm, const runtime_options& options) {
+bool agree_on_plan(const model_profile& model, host_exchange<Comm>& comm, const runtime_options& options) {
   const std::uint64_t mine = fnv1a(tensor_list_hash(model))  // continued over the plan and the knobs
                                  .add(Plan::name())
                                  .add(options.alignment)
@@ -138,10 +138,9 @@ chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<s
   return p;
 }
 
-/// A device the host cannot address (a GPU's) runs what the runtime drives through backend_parts<Backend>: it refuses,
-/// naming the way out, collectives of a host communicator over device memory. (A device communicator also needs the
-/// runtime's host-memory collectives, plan agreement, the norm, publication and read_parameters, moved to device
-/// buffers: not built yet.)
+/// A device the host cannot address (a GPU's) runs what the runtime drives through backend_parts<Backend>; several
+/// ranks there need a communicator whose collectives take device memory (reaches_device_memory<Comm>): a host
+/// communicator is refused, naming the way out.
 template <class Plan, class Backend, communicator Comm>
 void check_device_reach(const Comm& comm) {
   if constexpr (!backend_parts<Backend>::device_is_host_memory) {
@@ -149,8 +148,7 @@ void check_device_reach(const Comm& comm) {
       raise(error_code::unsupported, "runtime: " + Plan::name() + " on the " + Backend::name + " backend with " +
                                          std::to_string(comm.size()) + " ranks: this communicator's collectives run "
                                          "on the host and cannot read the device's memory; run one rank, or a "
-                                         "communicator that reaches device memory (reaches_device_memory<Comm>: "
-                                         "none yet, nccl_comm's runtime path is not built)");
+                                         "communicator that reaches device memory (nccl_comm on a GPU)");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/hash.hpp>
 #include <chunkwise/profile/model_profile.hpp>
+#include <chunkwise/runtime/detail/host_exchange.hpp>
 
 #include <cstdint>
 #include <exception>
@@ -25,9 +26,9 @@ inline std::uint64_t tensor_list_hash(const model_profile& model) {
 
 /// One all-gather of `fingerprint`; a rank that differs from rank 0 fails every rank, naming it and `running`.
 template <communicator Comm>
-void agree_on_fingerprint(Comm& comm, std::uint64_t fingerprint, const std::string& running) {
+void agree_on_fingerprint(host_exchange<Comm>& comm, std::uint64_t fingerprint, const std::string& running) {
   std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(std::span<const std::uint64_t>(&fingerprint, 1), std::span<std::uint64_t>(all)).wait();
+  comm.all_gather(std::span<const std::uint64_t>(&fingerprint, 1), std::span<std::uint64_t>(all));
   for (std::size_t q = 0; q < all.size(); ++q)
     if (all[q] != all[0])
       raise(error_code::invalid_argument,
@@ -40,7 +41,7 @@ void agree_on_fingerprint(Comm& comm, std::uint64_t fingerprint, const std::stri
 /// Runs `body`; then the ranks agree: if any rank failed, every rank throws (its own error, or one naming how many
 /// other ranks failed).
 template <communicator Comm, class Body>
-void agree_on_outcome(Comm& comm, const char* what, const std::filesystem::path& directory, Body&& body) {
+void agree_on_outcome(host_exchange<Comm>& comm, const char* what, const std::filesystem::path& directory, Body&& body) {
   std::exception_ptr failure;
   try {
     body();
@@ -49,7 +50,7 @@ void agree_on_outcome(Comm& comm, const char* what, const std::filesystem::path&
   }
   const float failed = failure ? 1.0f : 0.0f;
   float failures = 0.0f;
-  comm.all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum).wait();
+  comm.all_reduce(std::span<const float>(&failed, 1), std::span<float>(&failures, 1), reduce_op::sum);
   if (failure) std::rethrow_exception(failure);
   if (failures > 0.0f)
     raise(error_code::io_error, std::string("checkpoint ") + what + " '" + directory.string() + "': " +

@@ -71,19 +71,18 @@ class cuda_device_tier {
   }
 
   // The host's way to device memory (tier/concepts.hpp host_staged_tier): synchronous, after the work queued on
-  // this thread's default stream.
+  // this thread's default stream, and complete on return: cudaMemcpy from pageable memory may return before its
+  // DMA lands, and a collective on another stream (nccl_comm's) would then read the old bytes.
   void fill_zero(void* memory, byte_count bytes) {
     const std::string context = "CUDA device tier: fill_zero";
     CHUNKWISE_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, cudaStreamPerThread), context);
     CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), context);
   }
   void copy_to_host(void* host, const void* memory, byte_count bytes) {
-    CHUNKWISE_CUDA_TRY(cudaMemcpy(host, memory, bytes, cudaMemcpyDeviceToHost),
-                       std::string("CUDA device tier: copy_to_host"));
+    copy(host, memory, bytes, cudaMemcpyDeviceToHost, "CUDA device tier: copy_to_host");
   }
   void copy_from_host(void* memory, const void* host, byte_count bytes) {
-    CHUNKWISE_CUDA_TRY(cudaMemcpy(memory, host, bytes, cudaMemcpyHostToDevice),
-                       std::string("CUDA device tier: copy_from_host"));
+    copy(memory, host, bytes, cudaMemcpyHostToDevice, "CUDA device tier: copy_from_host");
   }
 
   [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
@@ -96,6 +95,10 @@ class cuda_device_tier {
   friend constexpr void get_property(const cuda_device_tier&, device_accessible) noexcept {}
 
  private:
+  static void copy(void* to, const void* from, byte_count bytes, cudaMemcpyKind kind, const char* context) {
+    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(to, from, bytes, kind, cudaStreamPerThread), std::string(context));
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string(context));
+  }
   static void check_alignment(std::size_t alignment) {
     if (alignment > max_alignment || (alignment & (alignment - 1)) != 0)
       detail::raise(error_code::invalid_argument,
