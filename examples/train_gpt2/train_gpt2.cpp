@@ -34,8 +34,10 @@
 //   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
 //   --backend host|cuda (host: the passes on the CPU; cuda: the passes on the GPU (device_model.hpp: Thrust functors,
-//   cuBLAS in fp32), where the build has CUDA; chunk memory and the optimizer stay in the host backend's tiers, each
-//   pass's parameters copied to the GPU and its gradients back)
+//   cuBLAS in fp32), where the build has CUDA. One fp32 rank: the chunks live in the GPU's memory under the device
+//   budget (runtime<Plan, gpu_backend>), the passes compute on them in place and the fused CUDA Adam updates the
+//   states there (the CPU's Adam those offloaded or streamed). Several thread ranks or 16-bit chunks: chunk memory and
+//   the optimizer stay in the host backend's tiers, each pass's parameters copied to the GPU and its gradients back)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
@@ -49,6 +51,7 @@
 #include "chunked_trainer.hpp"
 #if CHUNKWISE_GPT2_CUDA
 #include "device_executor.hpp"
+#include "gpu_backend.hpp"
 #endif
 #include "process_ranks.hpp"
 #include "data_loader.hpp"
@@ -552,9 +555,72 @@ class progress_log {
   std::array<double, 3> parts_{};
 };
 
+/// Where the step's passes run: the CPU loops on chunk memory (through fp32_compute), or --backend cuda's device
+/// passes, on a device mirror of host chunks (device_executor) or on the runtime's own device chunks
+/// (device_chunk_executor).
+template <class Runtime>
+class step_passes {
+  static constexpr bool device_chunks = !Runtime::chunks_on_host;
+
+ public:
+  step_passes(Runtime& rt, const options& o, int rank) {
+    if constexpr (!device_chunks) {
+      compute_.emplace(rt);
+      acts_ = std::make_unique<gpt2::activations<float>>(o.model);
+      on_cpu_.emplace(rt, *compute_, *acts_);
+    }
+#if CHUNKWISE_GPT2_CUDA
+    if (o.backend != "cuda") return;
+    workspace_ = std::make_unique<gpt2::device_workspace>(o.model);
+    if constexpr (device_chunks) on_device_chunks_.emplace(rt, *workspace_, o.model);
+    else {
+      mirrored_.emplace(rt, *compute_);
+      on_device_.emplace(*mirrored_, *workspace_, o.model);
+    }
+    gpt2::reset_kernel_times();  // the calibration's are not the run's
+    if (rank == 0)
+      std::printf("backend: the passes on %s, %s\n", workspace_->device_name(),
+                  device_chunks ? "computing on the chunks in device memory"
+                                : "each pass's tensors staged from host chunk memory");
+#else
+    (void)rank;
+#endif
+  }
+
+  /// schedule(executor): the forward (and backward) passes of one batch from the profile's first pass.
+  template <class Schedule>
+  float run(Schedule&& schedule) {
+#if CHUNKWISE_GPT2_CUDA
+    if constexpr (device_chunks) {
+      on_device_chunks_->restart();
+      return schedule(*on_device_chunks_);
+    } else if (on_device_) {
+      mirrored_->restart();
+      return schedule(*on_device_);
+    }
+#endif
+    if constexpr (!device_chunks) {
+      on_cpu_->restart();
+      return schedule(*on_cpu_);
+    }
+    throw_error(error_code::unsupported, "train_gpt2: chunks in device memory need the device passes");
+  }
+
+ private:
+  std::optional<fp32_compute<Runtime>> compute_;
+  std::unique_ptr<gpt2::activations<float>> acts_;
+  std::optional<gpt2::chunk_executor<Runtime>> on_cpu_;
+#if CHUNKWISE_GPT2_CUDA
+  std::unique_ptr<gpt2::device_workspace> workspace_;
+  std::optional<gpt2::chunk_tensors<Runtime>> mirrored_;
+  std::optional<gpt2::device_executor<gpt2::chunk_tensors<Runtime>>> on_device_;
+  std::optional<gpt2::device_chunk_executor<Runtime>> on_device_chunks_;
+#endif
+};
+
 /// Trains rank comm.rank() under Plan on its rows of every global batch (the sampler's shard: no rank waits for
-/// another's data); rank 0 prints the progress and the summary.
-template <class Plan, communicator Comm>
+/// another's data) with the chunks in Backend's memory; rank 0 prints the progress and the summary.
+template <class Plan, class Backend, communicator Comm>
 void train_rank(const rank_setup& setup, Comm& comm) {
   using clock = std::chrono::steady_clock;
   const options& o = setup.o;
@@ -570,9 +636,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
                                     config.vocab, shard);
 
   // The model's parameters, gradients and Adam states in chunkwise's chunks, under the plan.
-  runtime<Plan, host_backend, Comm> rt(setup.model, comm, setup.initialize, runtime_settings(setup));
-  fp32_compute compute(rt);  // the loops compute in fp32; bf16/fp16 chunks are read and written through it
-  gpt2::activations<float> acts(config);
+  runtime<Plan, Backend, Comm> rt(setup.model, comm, setup.initialize, runtime_settings(setup));
   std::size_t first_step = 1;
   if (o.resume) {
     rt.load_checkpoint(o.checkpoint);
@@ -587,36 +651,18 @@ void train_rank(const rank_setup& setup, Comm& comm) {
   };
 
   // The step's schedule (schedule.hpp) on chunk memory: forward returns the loss; evaluations run forward only.
-  gpt2::chunk_executor passes(rt, compute, acts);
-#if CHUNKWISE_GPT2_CUDA
-  // --backend cuda: the same schedule with the passes on the GPU, each pass's tensors staged from chunk memory.
-  gpt2::chunk_tensors chunks(rt, compute);
-  std::unique_ptr<gpt2::device_workspace> workspace;
-  std::optional<gpt2::device_executor<gpt2::chunk_tensors<runtime<Plan, host_backend, Comm>>>> on_device;
-  if (o.backend == "cuda") {
-    workspace = std::make_unique<gpt2::device_workspace>(config);
-    on_device.emplace(chunks, *workspace, config);
-    gpt2::reset_kernel_times();  // the calibration's are not the run's
-    if (r == 0) std::printf("backend: the passes on %s\n", workspace->device_name());
-  }
-#endif
+  step_passes passes(rt, o, r);
   const auto run = [&](const gpt2::data_loader& batch, bool backward) {
     const int* x = batch.tokens().data();
     const int* y = batch.targets().data();
-    const auto schedule = [&](auto& executor) {
+    return passes.run([&](auto& executor) {
       const auto loss = static_cast<float>(gpt2::forward(executor, config, x, y));
       if (backward) {
         fault_if_asked(r, rt.steps() + 1);
         gpt2::backward(executor, config, x, y);
       }
       return loss;
-    };
-    passes.restart();
-#if CHUNKWISE_GPT2_CUDA
-    chunks.restart();
-    if (on_device) return schedule(*on_device);
-#endif
-    return schedule(passes);
+    });
   };
 
   progress_log log(o, first_step);
@@ -670,7 +716,13 @@ void train_threads(const rank_setup& setup) {
       try {
         gpt2::compute_on_rank_cores(setup.o.ranks_here);
         auto comm = world.comm(r);
-        train_rank<Plan>(setup, comm);
+#if CHUNKWISE_GPT2_CUDA
+        // One fp32 rank: the chunks in the GPU's memory. Several thread ranks on one GPU would need a communicator
+        // whose collectives read device memory; 16-bit chunks, device passes that read them.
+        if (setup.o.backend == "cuda" && setup.o.ranks == 1 && setup.o.type == dtype::fp32)
+          return train_rank<Plan, gpt2::gpu_backend>(setup, comm);
+#endif
+        train_rank<Plan, host_backend>(setup, comm);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -946,7 +998,7 @@ int main(int argc, char** argv) {
         // The training's own communicator, whose waits end after --comm-timeout with the peers' states.
         mpi_comm training_comm(processes->comm().native(),
                                std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000)));
-        return train_rank<Plan>(setup, training_comm);
+        return train_rank<Plan, host_backend>(setup, training_comm);
       }
 #endif
       train_threads<Plan>(setup);

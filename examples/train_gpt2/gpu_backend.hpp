@@ -1,0 +1,52 @@
+#pragma once
+// train_gpt2 --backend cuda's runtime backend: chunkwise's cuda_backend with its chunks in the GPU's memory
+// (cuda_device_tier), as runtime/cuda/backend_parts.cuh gives it, for a trainer whose host code g++ compiles: the
+// fused CUDA Adam (chunkwise's cuda_adam, whose kernels need nvcc) sits behind gpu_adam, compiled in gpu_adam.cu.
+#if CHUNKWISE_GPT2_CUDA
+#include <chunkwise/backend/cuda/backend.cuh>
+#include <chunkwise/optim/concepts.hpp>
+#include <chunkwise/runtime/backend_parts.hpp>
+#include <chunkwise/tier/cuda/device.cuh>
+
+#include <memory>
+#include <span>
+
+namespace gpt2 {
+
+struct gpu_backend : chunkwise::cuda_backend {};
+
+/// chunkwise::optim::cuda_adam on the current device, for chunks whose arrays are all in device memory.
+class gpu_adam {
+ public:
+  using config_type = chunkwise::optim::adam_config;
+  static constexpr std::size_t state_arrays = 2;
+
+  explicit gpu_adam(const config_type& config);
+  gpu_adam(gpu_adam&&) noexcept;
+  gpu_adam& operator=(gpu_adam&&) noexcept;
+  ~gpu_adam();
+
+  [[nodiscard]] const config_type& config() const noexcept;
+  void step(std::span<const chunkwise::optim::chunk_arrays> chunks, const chunkwise::optim::step_args& args);
+  double grad_sum_of_squares(std::span<const chunkwise::optim::chunk_arrays> chunks);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+static_assert(chunkwise::optim::chunk_optimizer<gpu_adam>);
+
+}  // namespace gpt2
+
+template <>
+struct chunkwise::backend_parts<gpt2::gpu_backend> {
+  using device_tier = chunkwise::cuda_device_tier;
+  using device_optimizer = gpt2::gpu_adam;
+  static constexpr bool device_is_host_memory = false;
+  static device_optimizer make_optimizer(gpt2::gpu_backend& /*backend*/, const optim::adam_config& config,
+                                         unsigned /*threads*/) {
+    return device_optimizer(config);
+  }
+};
+
+#endif  // CHUNKWISE_GPT2_CUDA
