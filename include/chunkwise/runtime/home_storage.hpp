@@ -146,8 +146,7 @@ class home_storage {
     run_then_complete(done, [&] {
       // States offloaded from a device the host cannot address: the CPU updates a host copy of the working
       // parameters (fp32: they are the master weights) and the new ones go back up, as ZeRO-Offload's do.
-      if (!residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible())
-        return on_host(c, f, /*write_back=*/true);
+      if (states_offloaded_from_device(c)) return on_host(c, f, /*write_back=*/true);
       f(resident_view(c));
     });
   }
@@ -164,7 +163,7 @@ class home_storage {
   /// then go on writing into it after update returns.
   [[nodiscard]] bool changes_in_place(std::uint32_t c) const noexcept {
     if (streamed(c)) return streamed_->changes_in_place();
-    return residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible();
+    return in_host_memory(c);
   }
   /// Calls f(home_view) on chunk c's home state, which f only reads.
   template <class F>
@@ -192,12 +191,20 @@ class home_storage {
     return home_view::of(h.param.template data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c],
                          h.master.data(), h.moment1.data(), h.moment2.data(), h.moment1.span().size());
   }
+  // Whether resident chunk c's parameters and states are all memory the host may touch (the host backend's device).
+  bool in_host_memory(std::uint32_t c) const noexcept {
+    return residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible();
+  }
+  // Whether its parameters are on a device the host cannot address and its states in a host tier (offloaded).
+  bool states_offloaded_from_device(std::uint32_t c) const noexcept {
+    return !residents_[c].param.host_accessible() && residents_[c].moment1.host_accessible();
+  }
   // f(home_view) on resident chunk c from the host (initialisation, checkpoints, reads): arrays in device memory the
   // host cannot address are copied to the host first and, when f may change them, back after.
   template <class F>
   void on_host(std::uint32_t c, F& f, bool write_back) {
     auto& h = residents_[c];
-    if (h.param.host_accessible() && h.moment1.host_accessible()) return f(resident_view(c));
+    if (in_host_memory(c)) return f(resident_view(c));
     detail::host_window param(h.param), master(h.master), moment1(h.moment1), moment2(h.moment2);
     f(home_view::of(param.data<std::byte>(), h.param.bytes() / size_of(type_), type_, owned_offset_[c],
                     master.data(), moment1.data(), moment2.data(), h.moment1.span().size()));
