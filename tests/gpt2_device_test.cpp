@@ -26,9 +26,10 @@ using namespace chunkwise;
 /// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the
 /// device passes (device_executor).
 template <class Plan>
-std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, byte_count* streamed = nullptr) {
+std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, byte_count* streamed = nullptr,
+                                     dtype type = dtype::fp32) {
   auto config = gpt2_device_cases::small_config();
-  const auto model = gpt2::trace_profile(config);
+  const auto model = gpt2::trace_profile(config, type);
   thread_world world(1);
   auto comm = world.comm(0);
   runtime_options options;
@@ -63,17 +64,21 @@ std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, 
 
 // The isolated device's "kernels" run on the host aliases of its memory.
 struct alias_address {
-  float* operator()(float* device) const { return static_cast<float*>(host_alias(device)); }
+  template <class T>
+  T* operator()(T* device) const {
+    return static_cast<T*>(host_alias(device));
+  }
 };
 
-/// Parameters after 3 steps under Plan on `ranks` thread ranks with the chunks in memory the host cannot address
-/// (runtime<Plan, isolated_backend, isolated_comm>): train_gpt2 --backend cuda's device_chunk_executor hands the
-/// device passes the runtime's own parameter and gradient memory, as on a GPU.
-template <class Plan>
-std::vector<std::vector<float>> train_on_device_chunks(int ranks, byte_count device_budget) {
+/// Parameters after 3 steps under Plan on `ranks` thread ranks (each its rows of the same batch) with the chunks in
+/// Backend's memory: the host's, where the CPU executor computes on them (through fp32_compute), or memory the host
+/// cannot address (runtime<Plan, isolated_backend, isolated_comm>), where train_gpt2 --backend cuda's
+/// device_chunk_executor hands the device passes the runtime's own parameter and gradient memory, as on a GPU.
+template <class Plan, class Backend, class Comm>
+std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget, dtype type) {
   auto config = gpt2_device_cases::small_config();
   config.batch /= static_cast<std::size_t>(ranks);
-  const auto model = gpt2::trace_profile(config);
+  const auto model = gpt2::trace_profile(config, type);
   thread_world world(ranks);
   std::vector<std::vector<float>> parameters(model.tensors.size());
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
@@ -81,21 +86,32 @@ std::vector<std::vector<float>> train_on_device_chunks(int ranks, byte_count dev
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       try {
-        isolated_comm comm(world.comm(r));
+        Comm comm(world.comm(r));
         runtime_options options;
         options.device_budget = device_budget;
-        runtime<Plan, isolated_backend, isolated_comm> rt(model, comm, gpt2::initializer(config, 9), options);
-        gpt2::device_workspace workspace(config);
-        gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
+        using runtime_type = runtime<Plan, Backend, Comm>;
+        runtime_type rt(model, comm, gpt2::initializer(config, 9), options);
         std::vector<int> tokens, targets;
-        for (unsigned step = 0; step < 3; ++step) {
-          gpt2_device_cases::batch_of(gpt2_device_cases::small_config(), step, tokens, targets);
-          const std::size_t rows = config.batch * config.context, first = static_cast<std::size_t>(r) * rows;
-          rt.zero_grad();
-          device.restart();
-          gpt2::forward(device, config, tokens.data() + first, targets.data() + first);
-          gpt2::backward(device, config, tokens.data() + first, targets.data() + first);
-          rt.step(1e-3f);
+        const auto steps = [&](auto& executor) {
+          for (unsigned step = 0; step < 3; ++step) {
+            gpt2_device_cases::batch_of(gpt2_device_cases::small_config(), step, tokens, targets);
+            const std::size_t first = static_cast<std::size_t>(r) * config.batch * config.context;
+            rt.zero_grad();
+            executor.restart();
+            gpt2::forward(executor, config, tokens.data() + first, targets.data() + first);
+            gpt2::backward(executor, config, tokens.data() + first, targets.data() + first);
+            rt.step(1e-3f);
+          }
+        };
+        if constexpr (runtime_type::chunks_on_host) {
+          fp32_compute compute(rt);
+          gpt2::activations<float> acts(config);
+          gpt2::chunk_executor cpu(rt, compute, acts);
+          steps(cpu);
+        } else {
+          gpt2::device_workspace workspace(config);
+          gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
+          steps(device);
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
@@ -109,6 +125,14 @@ std::vector<std::vector<float>> train_on_device_chunks(int ranks, byte_count dev
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return parameters;
+}
+template <class Plan>
+std::vector<std::vector<float>> train_on_device_chunks(int ranks, byte_count device_budget, dtype type) {
+  return train_ranks<Plan, isolated_backend, isolated_comm>(ranks, device_budget, type);
+}
+template <class Plan>
+std::vector<std::vector<float>> train_on_host_ranks(int ranks, dtype type) {
+  return train_ranks<Plan, host_backend, thread_comm>(ranks, 1 * GiB, type);
 }
 
 using resident_plan = plan<gpt2::plans::chunks, resident, sharded, optimizer_follows_home>;
@@ -133,15 +157,37 @@ TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU execut
 
 TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without copies, to the CPU's parameters", Plan,
                    resident_plan, streamed_plan) {
+  // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
+  // on the CPU side).
   const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
-  const auto cpu = train<Plan>(false, budget);
-  const auto on_device = train_on_device_chunks<Plan>(1, budget);
-  REQUIRE(cpu.size() == on_device.size());
-  double worst = 0;
-  for (std::size_t t = 0; t < cpu.size(); ++t)
-    worst = std::max(worst, gpt2_device_cases::relative_difference(on_device[t], cpu[t]));
-  CAPTURE(worst);
-  CHECK(worst == 0.0);
+  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+    CAPTURE(type);
+    const auto cpu = train<Plan>(false, budget, nullptr, type);
+    const auto on_device = train_on_device_chunks<Plan>(1, budget, type);
+    REQUIRE(cpu.size() == on_device.size());
+    double worst = 0;
+    for (std::size_t t = 0; t < cpu.size(); ++t)
+      worst = std::max(worst, gpt2_device_cases::relative_difference(on_device[t], cpu[t]));
+    CAPTURE(worst);
+    CHECK(worst == 0.0);
+  }
+}
+
+TEST_CASE("the device passes on chunks in device memory at 2 ranks over device collectives: the host backend's bits") {
+  // Two thread ranks whose collectives refuse host memory (as NCCL's): the same parameters as the CPU executor on
+  // the host backend at 2 ranks.
+  using zero2 = plan<gpt2::plans::chunks, resident, shard_grads, optimizer_follows_home>;
+  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+    CAPTURE(type);
+    const auto on_device = train_on_device_chunks<zero2>(2, 1 * GiB, type);
+    const auto on_host = train_on_host_ranks<zero2>(2, type);
+    REQUIRE(on_device.size() == on_host.size());
+    double worst = 0;
+    for (std::size_t t = 0; t < on_host.size(); ++t)
+      worst = std::max(worst, gpt2_device_cases::relative_difference(on_device[t], on_host[t]));
+    CAPTURE(worst);
+    CHECK(worst == 0.0);
+  }
 }
 #else
 TEST_CASE("GPT-2's device passes: not built (no Thrust headers: the CUDA toolkit's CCCL or Debian's libthrust-dev)") {

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace gpt2 {
@@ -105,22 +107,31 @@ class device_executor {
 
 /// The address the device passes use for a runtime's device address: the same on a GPU.
 struct same_address {
-  float* operator()(float* device) const noexcept { return device; }
+  template <class T>
+  T* operator()(T* device) const noexcept {
+    return device;
+  }
 };
 
-/// --backend cuda with the chunks in device memory (runtime<Plan, gpu_backend, ...>, fp32): each pass acquires its
-/// chunks, and the device passes read the runtime's parameters and add into its gradient accumulators where they
-/// are: no mirror, no staging, no copy. The pass's kernels finish before its release hands the chunks on (to a
-/// reduction, an update or an eviction). `Address` maps the runtime's device addresses to the passes' (tests: the
-/// isolated device's host aliases, for the passes on Thrust's OpenMP system).
+/// --backend cuda with the chunks in device memory (runtime<Plan, gpu_backend, ...>): each pass acquires its chunks,
+/// and the device passes read the runtime's fp32 parameters and add into its gradient accumulators where they are:
+/// no mirror, no copy. bf16 chunks are widened into the workspace's staging on the device, and the pass's fp32
+/// gradients added into the bf16 accumulators there (as fp32_compute does on the host, to the same bits). The pass's
+/// kernels finish before its release hands the chunks on (to a reduction, an update or an eviction). `Address` maps
+/// the runtime's device addresses to the passes' (tests: the isolated device's host aliases, for the passes on
+/// Thrust's OpenMP system).
 template <class Runtime, class Address = same_address>
 class device_chunk_executor {
  public:
   device_chunk_executor(Runtime& rt, device_workspace& workspace, const model_config& config, Address address = {})
       : rt_(&rt), workspace_(&workspace), address_(address) {
-    const auto tensors = parameter_tensors(config).size();
-    parameters_.assign(tensors, nullptr);
-    gradients_.assign(tensors, nullptr);
+    for (const auto& tensor : parameter_tensors(config)) elements_.push_back(tensor.elements);
+    parameters_.assign(elements_.size(), nullptr);
+    gradients_.assign(elements_.size(), nullptr);
+    if (rt.element_type() != chunkwise::dtype::fp32 && rt.element_type() != chunkwise::dtype::bf16)
+      chunkwise::throw_error(chunkwise::error_code::unsupported,
+                             "the device passes compute on fp32 or bf16 chunks, not " +
+                                 std::string(chunkwise::to_string(rt.element_type())));
   }
   /// The next forward() starts at the profile's first pass.
   void restart() noexcept { next_ = 0; }
@@ -130,11 +141,29 @@ class device_chunk_executor {
     const std::size_t pass = next_++;
     time_host("runtime acquire", [&] { rt_->acquire(pass); });
     const bool backward = info.kind == chunkwise::pass_kind::backward;
+    const bool widened = rt_->element_type() == chunkwise::dtype::bf16;
+    std::size_t offset = 0;
     for (const auto t : info.tensors) {
-      parameters_[t] = address_(rt_->parameter(static_cast<std::uint32_t>(t)).data());
-      gradients_[t] = backward ? address_(rt_->gradient(static_cast<std::uint32_t>(t)).data()) : nullptr;
+      const auto tensor = static_cast<std::uint32_t>(t);
+      if (widened) {
+        parameters_[t] = workspace_->widened_parameter(offset, bits(rt_->template parameter<chunkwise::bf16>(tensor)),
+                                                       elements_[t]);
+        gradients_[t] = backward ? workspace_->zeroed_gradient(offset, elements_[t]) : nullptr;
+      } else {
+        parameters_[t] = address_(rt_->parameter(tensor).data());
+        gradients_[t] = backward ? address_(rt_->gradient(tensor).data()) : nullptr;
+      }
+      offset += elements_[t];
     }
     body(*this);
+    if (widened && backward) {
+      offset = 0;
+      for (const auto t : info.tensors) {
+        workspace_->add_gradient_to_bf16(bits(rt_->template gradient<chunkwise::bf16>(static_cast<std::uint32_t>(t))),
+                                         offset, elements_[t], rt_->loss_scale());
+        offset += elements_[t];
+      }
+    }
     workspace_->synchronize();
     time_host("runtime release", [&] { rt_->release(pass); });
   }
@@ -143,10 +172,16 @@ class device_chunk_executor {
   device_workspace& acts() noexcept { return *workspace_; }
 
  private:
+  // A bf16 chunk span as the raw bits the workspace's conversions take, at the passes' address.
+  std::uint16_t* bits(std::span<chunkwise::bf16> values) const {
+    return address_(reinterpret_cast<std::uint16_t*>(values.data()));
+  }
+
   Runtime* rt_;
   device_workspace* workspace_;
   Address address_;
   std::size_t next_ = 0;
+  std::vector<std::size_t> elements_;
   std::vector<float*> parameters_, gradients_;
 };
 

@@ -16,8 +16,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -123,6 +125,38 @@ void for_each_index(index n, const Functor& f) {
   else
     run();
 }
+
+// bf16 chunks (the runtime's parameters and gradient accumulators under --dtype bf16), on raw bits: chunkwise's
+// to_float and to_bf16 (round to nearest even, NaN kept quiet), so the host and the GPU give the runtime's bits.
+GPT2_HOST_DEVICE inline float bf16_to_float(std::uint16_t bits) {
+  return gelu_math::float_from_bits(static_cast<std::int32_t>(static_cast<std::uint32_t>(bits) << 16));
+}
+GPT2_HOST_DEVICE inline std::uint16_t float_to_bf16(float value) {
+#if defined(__CUDA_ARCH__)
+  const auto bits = __float_as_uint(value);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+#endif
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// out[i] = in[i] widened: a pass's bf16 parameters as the fp32 the passes compute with.
+struct widen_bf16 {
+  float* out;
+  const std::uint16_t* in;
+  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = bf16_to_float(in[i]); }
+};
+
+// acc[i] = bf16(acc[i] + scale * g[i]), one fused multiply-add rounded once (chunkwise's accumulate_scaled): a pass's
+// fp32 gradients added into the runtime's bf16 accumulators.
+struct accumulate_bf16 {
+  std::uint16_t* acc;
+  const float* g;
+  float scale;
+  GPT2_HOST_DEVICE void operator()(index i) const { acc[i] = float_to_bf16(fmaf(scale, g[i], bf16_to_float(acc[i]))); }
+};
 
 inline constexpr float layernorm_eps = 1e-5f;
 

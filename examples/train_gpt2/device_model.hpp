@@ -18,9 +18,10 @@
 namespace gpt2 {
 
 /// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token
-/// and target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since),
-/// and a staging area for the gradients of one pass: zeroed, computed into, and added out to the trainer's through
-/// pinned host memory. Throws chunkwise::error(unsupported) when the device system has no device to run on (CUDA
+/// and target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
+/// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the
+/// gradients of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into
+/// bf16 accumulators on the device, beside a staging area of the pass's widened parameters). Throws chunkwise::error(unsupported) when the device system has no device to run on (CUDA
 /// without a visible GPU).
 class device_workspace {
  public:
@@ -35,6 +36,12 @@ class device_workspace {
   /// already holds that tensor at `version`: any number that changes whenever the host parameters do (the
   /// optimizer's step count).
   float* parameter(std::size_t tensor, const float* host, std::uint64_t version);
+  /// The staging area's parameter slot at `offset`, holding the bf16 values at `device` (raw bits, device memory:
+  /// the runtime's chunks under --dtype bf16) widened to fp32.
+  float* widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements);
+  /// device[i] = bf16(device[i] + scale * gradient slot at `offset`[i]), rounded once: a pass's gradients added into
+  /// bf16 accumulators in device memory (scale: the runtime's loss scale).
+  void add_gradient_to_bf16(std::uint16_t* device, std::size_t offset, std::size_t elements, float scale);
   /// The staging area's gradient slot at `offset`, zeroed: a pass accumulates into it.
   float* zeroed_gradient(std::size_t offset, std::size_t elements);
   /// host[i] += gradient slot at `offset`[i]: a pass's gradients added to the trainer's (which accumulate, as the

@@ -231,12 +231,10 @@ struct device_workspace::state : device_detail::device_present, activations<floa
     for (const auto n : sizes) layer += n;
     staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
     staged_gradients = device_detail::buffer(staging, 0.0f);
-    std::size_t total = 0;
     for (const auto& tensor : parameter_tensors(config)) {
-      mirror_offsets.push_back(total);
-      total += tensor.elements;
+      mirror_offsets.push_back(mirror_elements);
+      mirror_elements += tensor.elements;
     }
-    mirror = device_detail::buffer(total, 0.0f);
     const std::size_t segments = std::max(layernorm_segments().per_row(), softmax_segments().per_row());
     row_parts = device_detail::buffer(2 * B * T * segments, 0.0f);
     row_stats = device_detail::buffer(2 * B * T, 0.0f);
@@ -254,7 +252,9 @@ struct device_workspace::state : device_detail::device_present, activations<floa
   thrust::device_vector<int> tokens, targets;
   device_detail::matmul_context matmul;
   device_detail::buffer staged_gradients;
-  device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets
+  device_detail::buffer staged_parameters;  // bf16 chunks' parameters widened (allocated at the first use)
+  device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
+  std::size_t mirror_elements = 0;
   // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
   // two per row
   device_detail::buffer row_parts, row_stats;
@@ -317,9 +317,10 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
     chunkwise::throw_error(chunkwise::error_code::invalid_argument,
                            "GPT-2 device passes: no parameter tensor " + std::to_string(tensor) + " among " +
                                std::to_string(s.mirror_offsets.size()));
+  if (s.mirror.empty()) s.mirror = device_detail::buffer(s.mirror_elements, 0.0f);
   float* copy = device_detail::raw(s.mirror) + s.mirror_offsets[tensor];
   if (s.mirror_versions[tensor] == version) return copy;
-  const std::size_t end = tensor + 1 < s.mirror_offsets.size() ? s.mirror_offsets[tensor + 1] : s.mirror.size();
+  const std::size_t end = tensor + 1 < s.mirror_offsets.size() ? s.mirror_offsets[tensor + 1] : s.mirror_elements;
   const std::size_t elements = end - s.mirror_offsets[tensor];
   s.pipe.upload(copy, host, elements);
   s.mirror_versions[tensor] = version;
@@ -336,6 +337,22 @@ float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t element
 void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
   device_detail::check_staging(offset, elements, state_->staging);
   state_->pipe.download_add(host, device_detail::raw(state_->staged_gradients) + offset, elements);
+}
+
+float* device_workspace::widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements) {
+  auto& s = *state_;
+  device_detail::check_staging(offset, elements, s.staging);
+  if (s.staged_parameters.empty()) s.staged_parameters = device_detail::buffer(s.staging, 0.0f);
+  float* widened = device_detail::raw(s.staged_parameters) + offset;
+  device_kernels::for_each_index(elements, device_kernels::widen_bf16{widened, device});
+  return widened;
+}
+
+void device_workspace::add_gradient_to_bf16(std::uint16_t* device, std::size_t offset, std::size_t elements,
+                                            float scale) {
+  device_detail::check_staging(offset, elements, state_->staging);
+  device_kernels::for_each_index(
+      elements, device_kernels::accumulate_bf16{device, device_detail::raw(state_->staged_gradients) + offset, scale});
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }

@@ -34,10 +34,11 @@
 //   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
 //   --backend host|cuda (host: the passes on the CPU; cuda: the passes on the GPU (device_model.hpp: Thrust functors,
-//   cuBLAS in fp32), where the build has CUDA. One fp32 rank: the chunks live in the GPU's memory under the device
-//   budget (runtime<Plan, gpu_backend>), the passes compute on them in place and the fused CUDA Adam updates the
-//   states there (the CPU's Adam those offloaded or streamed). Several thread ranks or 16-bit chunks: chunk memory and
-//   the optimizer stay in the host backend's tiers, each pass's parameters copied to the GPU and its gradients back)
+//   cuBLAS in fp32), where the build has CUDA. One rank, fp32 or bf16: the chunks live in the GPU's memory under the
+//   device budget (runtime<Plan, gpu_backend>), the passes compute on them in place (bf16 widened on the device) and
+//   the fused CUDA Adam updates the states there (the CPU's Adam those offloaded or streamed). Several thread ranks
+//   or fp16: chunk memory and the optimizer stay in the host backend's tiers, each pass's parameters copied to the GPU
+//   and its gradients back)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
@@ -717,9 +718,9 @@ void train_threads(const rank_setup& setup) {
         gpt2::compute_on_rank_cores(setup.o.ranks_here);
         auto comm = world.comm(r);
 #if CHUNKWISE_GPT2_CUDA
-        // One fp32 rank: the chunks in the GPU's memory. Several thread ranks on one GPU would need a communicator
-        // whose collectives read device memory; 16-bit chunks, device passes that read them.
-        if (setup.o.backend == "cuda" && setup.o.ranks == 1 && setup.o.type == dtype::fp32)
+        // One rank: the chunks in the GPU's memory (fp32 or bf16). Several thread ranks on one GPU would need a
+        // communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
+        if (setup.o.backend == "cuda" && setup.o.ranks == 1 && setup.o.type != dtype::fp16)
           return train_rank<Plan, gpt2::gpu_backend>(setup, comm);
 #endif
         train_rank<Plan, host_backend>(setup, comm);
