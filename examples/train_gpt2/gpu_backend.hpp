@@ -10,10 +10,26 @@
 
 #include <memory>
 #include <span>
+#include <string>
 
 namespace gpt2 {
 
 struct gpu_backend : chunkwise::cuda_backend {};
+
+/// --comm nccl: the process's GPU is its place on its machine (local rank modulo the GPUs it sees), as torchrun's
+/// LOCAL_RANK convention; the backend, the device tier and NCCL then use the current device.
+inline int use_local_gpu(int local_rank) {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices < 1)
+    chunkwise::throw_error(chunkwise::error_code::unsupported,
+                           std::string("train_gpt2 --comm nccl: no usable GPU (") +
+                               (status != cudaSuccess ? cudaGetErrorName(status) : "cudaErrorNoDevice") +
+                               "); use --backend host, or run where a GPU is visible");
+  const int device = local_rank % devices;
+  CHUNKWISE_CUDA_TRY(cudaSetDevice(device), std::string("train_gpt2 --comm nccl"));
+  return device;
+}
 
 /// chunkwise::optim::cuda_adam on the current device, for chunks whose arrays are all in device memory.
 class gpu_adam {

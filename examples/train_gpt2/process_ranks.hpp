@@ -62,6 +62,8 @@ class process_world {
   [[nodiscard]] int size() const noexcept { return world_.size(); }
   /// The processes of this job on this machine (they share its cores and memory).
   [[nodiscard]] int local_ranks() const noexcept { return local_ranks_; }
+  /// This process's place among the processes of its machine (0 .. local_ranks() - 1): its GPU under --comm nccl.
+  [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
 
   /// Rank 0's `value`, on every rank.
   template <class T>

@@ -28,8 +28,10 @@
 //   (operands rounded to bf16, fp32 accumulation: twice the fp32 rate on AVX-512 BF16); blas through OpenBLAS's
 //   sgemm; loops the model's own OpenMP loops, bit-identical for any thread count; auto, the default: dnnl, else
 //   blas, whichever the build found)
-//   --comm threads|mpi (threads: --ranks N threads of this process; mpi: one rank per MPI process, as many as the
-//   launcher started, `mpirun -np N train_gpt2 --comm mpi`; rank 0 plans and prints)
+//   --comm threads|mpi|nccl (threads: --ranks N threads of this process; mpi: one rank per MPI process, as many as
+//   the launcher started, `mpirun -np N train_gpt2 --comm mpi`; rank 0 plans and prints; nccl, with --backend cuda:
+//   MPI processes as for mpi, one GPU each (its local rank), the training's collectives on NCCL over the chunks in
+//   GPU memory, MPI only for the plan and the printed losses)
 //   --comm-timeout S (300: a process rank waiting longer for a collective ends the job, naming the peers on its
 //   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
@@ -53,6 +55,9 @@
 #if CHUNKWISE_GPT2_CUDA
 #include "device_executor.hpp"
 #include "gpu_backend.hpp"
+#if CHUNKWISE_GPT2_CUDA && CHUNKWISE_HAS_NCCL
+#include <chunkwise/comm/cuda/nccl_comm.cuh>
+#endif
 #endif
 #include "process_ranks.hpp"
 #include "data_loader.hpp"
@@ -206,8 +211,11 @@ options parse(int argc, char** argv) {
   }
   if (o.ranks > 64) throw_error(error_code::invalid_argument, "--ranks: at most 64 thread ranks");
   o.ranks_here = o.ranks;
-  if (o.comm != "threads" && o.comm != "mpi")
-    throw_error(error_code::invalid_argument, "--comm '" + o.comm + "': use threads or mpi");
+  if (o.comm != "threads" && o.comm != "mpi" && o.comm != "nccl")
+    throw_error(error_code::invalid_argument, "--comm '" + o.comm + "': use threads, mpi or nccl");
+  if (o.comm == "nccl" && (o.backend != "cuda" || o.type == dtype::fp16))
+    throw_error(error_code::invalid_argument, "--comm nccl: NCCL reduces the chunks in GPU memory; it goes with "
+                                              "--backend cuda and --dtype fp32 or bf16");
   if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
     throw_error(error_code::invalid_argument, "--comm-timeout: seconds > 0, got " + std::to_string(o.comm_timeout));
   if (o.global_batch != 0 && o.batch_given)
@@ -620,9 +628,10 @@ class step_passes {
 };
 
 /// Trains rank comm.rank() under Plan on its rows of every global batch (the sampler's shard: no rank waits for
-/// another's data) with the chunks in Backend's memory; rank 0 prints the progress and the summary.
-template <class Plan, class Backend, communicator Comm>
-void train_rank(const rank_setup& setup, Comm& comm) {
+/// another's data) with the chunks in Backend's memory; rank 0 prints the progress and the summary. `host_comm`
+/// (the same ranks) averages the printed losses: `comm` itself, unless its collectives take device memory only.
+template <class Plan, class Backend, communicator Comm, communicator HostComm>
+void train_rank(const rank_setup& setup, Comm& comm, HostComm& host_comm) {
   using clock = std::chrono::steady_clock;
   const options& o = setup.o;
   const auto& config = o.model;
@@ -647,7 +656,7 @@ void train_rank(const rank_setup& setup, Comm& comm) {
   }
   const auto mean_loss = [&](float loss) {  // the global batch's loss: the mean over ranks
     float all = loss;
-    comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
+    host_comm.all_reduce(std::span<const float>(&loss, 1), std::span<float>(&all, 1), reduce_op::average).wait();
     return all;
   };
 
@@ -721,9 +730,9 @@ void train_threads(const rank_setup& setup) {
         // One rank: the chunks in the GPU's memory (fp32 or bf16). Several thread ranks on one GPU would need a
         // communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
         if (setup.o.backend == "cuda" && setup.o.ranks == 1 && setup.o.type != dtype::fp16)
-          return train_rank<Plan, gpt2::gpu_backend>(setup, comm);
+          return train_rank<Plan, gpt2::gpu_backend>(setup, comm, comm);
 #endif
-        train_rank<Plan, host_backend>(setup, comm);
+        train_rank<Plan, host_backend>(setup, comm, comm);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -828,7 +837,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
     // to their own cores: one rank on this process's cores (its threads would otherwise share them: 2 processes on
     // 2 cores measured half the rate the step ran at).
     machine.device_flops_per_second = gpt2::measure_pass_flops(
-        o.model, o.comm == "mpi" && gpt2::bound_by_launcher() ? 1 : o.ranks_here, o.type);
+        o.model, o.comm != "threads" && gpt2::bound_by_launcher() ? 1 : o.ranks_here, o.type);
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
               "(the machine profile's plain blocked GEMM: %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
@@ -842,7 +851,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
     machine.collective_latency_seconds = links.local_latency_seconds;
   if (o.ranks_here > 1)
     std::printf("collectives: %.0f us per call among this machine's %d %s\n", machine.collective_latency_seconds * 1e6,
-                o.ranks_here, o.comm == "mpi" ? "processes" : "thread ranks");
+                o.ranks_here, o.comm != "threads" ? "processes" : "thread ranks");
   print_memory(o, model, machine.device_memory, measured_memory);
 
   // The search: every plan's knobs against the cost model, the fastest that fits. When none fits, the table says
@@ -850,7 +859,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   using plan_set = gpt2::trainable_plans;
   const auto table_title = [&] {
     std::printf("\nplans (host backend, %d %s, device budget %s per rank; * the one trained):\n", o.ranks,
-                o.comm == "mpi" ? "MPI process(es)" : "thread rank(s)", format_bytes(machine.device_memory).c_str());
+                o.comm != "threads" ? "MPI process(es)" : "thread rank(s)", format_bytes(machine.device_memory).c_str());
   };
   std::array<prediction, plan_set::size> plans;
   std::size_t best = 0;
@@ -933,16 +942,24 @@ int main(int argc, char** argv) {
   };
   try {
     options o = parse(argc, argv);
-    if (o.comm == "mpi") {
+    if (o.comm == "mpi" || o.comm == "nccl") {
 #if CHUNKWISE_HAS_MPI
       if (o.ranks != 1)
-        throw_error(error_code::invalid_argument, "--ranks counts thread ranks; under --comm mpi the launcher starts "
-                                                  "the ranks (mpirun -np N)");
+        throw_error(error_code::invalid_argument, "--ranks counts thread ranks; under --comm " + o.comm +
+                                                  " the launcher starts the ranks (mpirun -np N)");
+#if !(CHUNKWISE_GPT2_CUDA && CHUNKWISE_HAS_NCCL)
+      if (o.comm == "nccl")
+        throw_error(error_code::unsupported, "--comm nccl: this train_gpt2 was built without CUDA and NCCL (the CUDA "
+                                             "toolkit and NCCL were not found, or CHUNKWISE_CUDA=OFF)");
+#endif
       processes.emplace(argc, argv);
       o.ranks = processes->size();
       o.ranks_here = processes->local_ranks();
+#if CHUNKWISE_GPT2_CUDA
+      if (o.comm == "nccl") gpt2::use_local_gpu(processes->local_rank());
+#endif
 #else
-      throw_error(error_code::unsupported, "--comm mpi: this train_gpt2 was built without MPI (install "
+      throw_error(error_code::unsupported, "--comm " + o.comm + ": this train_gpt2 was built without MPI (install "
                                              "libopenmpi-dev and configure again)");
 #endif
     }
@@ -995,11 +1012,19 @@ int main(int argc, char** argv) {
     training = true;
     dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
 #if CHUNKWISE_HAS_MPI
+#if CHUNKWISE_GPT2_CUDA && CHUNKWISE_HAS_NCCL
+      if (processes && o.comm == "nccl") {
+        // NCCL's communicator of the processes' GPUs, its unique id from rank 0 through MPI; the losses printed are
+        // averaged over MPI (host values).
+        auto training_comm = make_nccl_comm(processes->comm(), nullptr);
+        return train_rank<Plan, gpt2::gpu_backend>(setup, training_comm, processes->comm());
+      }
+#endif
       if (processes) {
         // The training's own communicator, whose waits end after --comm-timeout with the peers' states.
         mpi_comm training_comm(processes->comm().native(),
                                std::chrono::milliseconds(static_cast<long long>(o.comm_timeout * 1000)));
-        return train_rank<Plan, host_backend>(setup, training_comm);
+        return train_rank<Plan, host_backend>(setup, training_comm, training_comm);
       }
 #endif
       train_threads<Plan>(setup);

@@ -3,6 +3,7 @@
 // completions as cudaEvent_t (timing disabled). Models the same `backend` concept as the host backend.
 #include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/core/cuda/checked_call.cuh>
+#include <chunkwise/core/cuda/current_device.cuh>
 #include <chunkwise/core/bytes.hpp>
 
 #include <cuda_runtime.h>
@@ -34,9 +35,11 @@ class cuda_backend {
   using event_type = cuda_event;
   static constexpr const char* name = "cuda";
 
-  explicit cuda_backend(int device = 0) : device_(device) {
-    const std::string context = "cuda backend on device " + std::to_string(device);
-    CHUNKWISE_CUDA_TRY(cudaSetDevice(device), context);
+  /// On `device`, or the calling thread's current one (which a process sharing a machine's GPUs picked).
+  explicit cuda_backend(int device = detail::use_current_device)
+      : device_(detail::resolve_cuda_device(device, "cuda backend")) {
+    const std::string context = "cuda backend on device " + std::to_string(device_);
+    CHUNKWISE_CUDA_TRY(cudaSetDevice(device_), context);
     CHUNKWISE_CUDA_TRY(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking), context + " (host-to-device stream)");
     const cudaError_t status = cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking);
     if (status != cudaSuccess) {

@@ -3,6 +3,7 @@
 // (the pool keeps up to the budget cached: its release threshold), so "does it fit" is answered by the budget with
 // the same message as on the host backend, before the GPU itself runs out.
 #include <chunkwise/core/cuda/checked_call.cuh>
+#include <chunkwise/core/cuda/current_device.cuh>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
@@ -21,12 +22,14 @@ class cuda_device_tier {
   using stream_ref = cudaStream_t;
   static constexpr std::size_t max_alignment = 256;  // what cudaMallocAsync guarantees
 
-  explicit cuda_device_tier(byte_count budget, int device = 0) : device_(device), budget_("device (CUDA)", budget) {
-    const std::string context = "CUDA device tier on device " + std::to_string(device);
+  /// Memory of `device`, or of the calling thread's current one.
+  explicit cuda_device_tier(byte_count budget, int device = detail::use_current_device)
+      : device_(detail::resolve_cuda_device(device, "CUDA device tier")), budget_("device (CUDA)", budget) {
+    const std::string context = "CUDA device tier on device " + std::to_string(device_);
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
+    props.location.id = device_;
     CHUNKWISE_CUDA_TRY(cudaMemPoolCreate(&pool_, &props), context);
     std::uint64_t threshold = budget;
     const cudaError_t status = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
