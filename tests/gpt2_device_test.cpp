@@ -138,6 +138,15 @@ std::vector<std::vector<float>> train_on_host_ranks(int ranks, dtype type) {
 using resident_plan = plan<gpt2::plans::chunks, resident, sharded, optimizer_follows_home>;
 using streamed_plan = plan<gpt2::plans::chunks, cached<space::pinned_host>, sharded, optimizer_follows_home>;
 
+// The largest relative difference of any tensor's parameters (the same tensors on both sides).
+double worst_difference(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& expected) {
+  REQUIRE(got.size() == expected.size());
+  double worst = 0;
+  for (std::size_t t = 0; t < got.size(); ++t)
+    worst = std::max(worst, gpt2_device_cases::relative_difference(got[t], expected[t]));
+  return worst;
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU executor's parameters", Plan, resident_plan,
@@ -147,12 +156,7 @@ TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU execut
   byte_count streamed = 0;
   const auto cpu = train<Plan>(false, budget), device = train<Plan>(true, budget, &streamed);
   CHECK((streamed > 0) == std::is_same_v<Plan, streamed_plan>);  // the cache moved chunks while the GPU passes ran
-  REQUIRE(cpu.size() == device.size());
-  double worst = 0;
-  for (std::size_t t = 0; t < cpu.size(); ++t)
-    worst = std::max(worst, gpt2_device_cases::relative_difference(device[t], cpu[t]));
-  CAPTURE(worst);
-  CHECK(worst == 0.0);
+  CHECK(worst_difference(device, cpu) == 0.0);
 }
 
 TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without copies, to the CPU's parameters", Plan,
@@ -163,13 +167,7 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
     const auto cpu = train<Plan>(false, budget, nullptr, type);
-    const auto on_device = train_on_device_chunks<Plan>(1, budget, type);
-    REQUIRE(cpu.size() == on_device.size());
-    double worst = 0;
-    for (std::size_t t = 0; t < cpu.size(); ++t)
-      worst = std::max(worst, gpt2_device_cases::relative_difference(on_device[t], cpu[t]));
-    CAPTURE(worst);
-    CHECK(worst == 0.0);
+    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget, type), cpu) == 0.0);
   }
 }
 
@@ -179,14 +177,8 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
   using zero2 = plan<gpt2::plans::chunks, resident, shard_grads, optimizer_follows_home>;
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
-    const auto on_device = train_on_device_chunks<zero2>(2, 1 * GiB, type);
-    const auto on_host = train_on_host_ranks<zero2>(2, type);
-    REQUIRE(on_device.size() == on_host.size());
-    double worst = 0;
-    for (std::size_t t = 0; t < on_host.size(); ++t)
-      worst = std::max(worst, gpt2_device_cases::relative_difference(on_device[t], on_host[t]));
-    CAPTURE(worst);
-    CHECK(worst == 0.0);
+    CHECK(worst_difference(train_on_device_chunks<zero2>(2, 1 * GiB, type), train_on_host_ranks<zero2>(2, type)) ==
+          0.0);
   }
 }
 #else
