@@ -110,6 +110,8 @@ CHUNKWISE_GPT2_KERNEL_TIMES=1 run_trainer cuda_kernel_times --backend cuda --ste
   --eval-every 1000 > /dev/null
 sed -n '/^step parts/,$p' "$logs/train_cuda_kernel_times.log" | head -40
 run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
+# the same run with the host chunks and the device mirror (before the chunks lived on the GPU): the change side by side
+run_trainer cuda_mirror --backend cuda --gpu-chunks off --steps 4 --device-budget 0
 run_trainer host --backend host --steps 4 --device-budget 0
 
 if [ -z "${SKIP_TORCH:-}" ]; then  # SKIP_TORCH=1: a call that measures only ours (the speedups print as nan)
@@ -145,12 +147,16 @@ def median_ms(text):
     m = re.search(r"median step ([0-9.]+) ms", text)
     return float(m.group(1)) if m else float("nan")
 cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
+mirror = read("train_cuda_mirror.log")
 flops = re.search(r"([0-9.]+) GFLOP per step", cuda)
 flops = float(flops.group(1)) * 1e9 if flops else float("nan")
 tokens = 4 * 256
 host_loss = loss_at(host, 4)
 diffs = [abs(loss_at(t, 4) - host_loss) / host_loss for t in (cuda, streamed)]
-print(f"loss at step 4: host {host_loss:.6f}, cuda {loss_at(cuda, 4):.6f}, cuda streamed {loss_at(streamed, 4):.6f}")
+print(f"loss at step 4: host {host_loss:.6f}, cuda {loss_at(cuda, 4):.6f}, cuda streamed {loss_at(streamed, 4):.6f}, "
+      f"cuda with host chunks {loss_at(mirror, 4):.6f}")
+print(f"chunks in GPU memory: median step {median_ms(cuda):.1f} ms; host chunks and a device mirror: "
+      f"{median_ms(mirror):.1f} ms")
 step = median_ms(cuda) * 1e-3
 tps = tokens / step
 streamed_tps = tokens / (median_ms(streamed) * 1e-3)

@@ -39,8 +39,8 @@
 //   cuBLAS in fp32), where the build has CUDA. One rank, fp32 or bf16: the chunks live in the GPU's memory under the
 //   device budget (runtime<Plan, gpu_backend>), the passes compute on them in place (bf16 widened on the device) and
 //   the fused CUDA Adam updates the states there (the CPU's Adam those offloaded or streamed). Several thread ranks
-//   or fp16: chunk memory and the optimizer stay in the host backend's tiers, each pass's parameters copied to the GPU
-//   and its gradients back)
+//   or fp16 (or --gpu-chunks off): chunk memory and the optimizer stay in the host backend's tiers, each pass's
+//   parameters copied to the GPU and its gradients back)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
@@ -130,6 +130,7 @@ struct options {
   bool resume = false;
   std::string nvme_dir;
   std::string backend = "host";
+  bool gpu_chunks = true;  // --backend cuda: the chunks in GPU memory where the run allows (else host chunks, mirror)
   std::string recompute = "auto";  // activation checkpointing: auto (when nothing fits without it), on, off
   std::string matmul = "auto";  // host backend: dnnl (oneDNN), blas (OpenBLAS), loops (gpt2_model.hpp's); auto
   std::string init_from;  // an llm.c checkpoint: the model's shape and initial parameters
@@ -200,6 +201,11 @@ options parse(int argc, char** argv) {
     else if (flag == "--resume") o.resume = true;
     else if (flag == "--nvme-dir") o.nvme_dir = value();
     else if (flag == "--backend") o.backend = value();
+    else if (flag == "--gpu-chunks") {
+      const std::string v = value();
+      if (v != "on" && v != "off") throw_error(error_code::invalid_argument, "--gpu-chunks '" + v + "': use on or off");
+      o.gpu_chunks = v == "on";
+    }
     else if (flag == "--matmul") o.matmul = value();
     else if (flag == "--recompute") o.recompute = value();
     else if (flag == "--help" || flag == "-h") {
@@ -729,7 +735,7 @@ void train_threads(const rank_setup& setup) {
 #if CHUNKWISE_GPT2_CUDA
         // One rank: the chunks in the GPU's memory (fp32 or bf16). Several thread ranks on one GPU would need a
         // communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
-        if (setup.o.backend == "cuda" && setup.o.ranks == 1 && setup.o.type != dtype::fp16)
+        if (setup.o.backend == "cuda" && setup.o.gpu_chunks && setup.o.ranks == 1 && setup.o.type != dtype::fp16)
           return train_rank<Plan, gpt2::gpu_backend>(setup, comm, comm);
 #endif
         train_rank<Plan, host_backend>(setup, comm, comm);
