@@ -480,10 +480,18 @@ TEST_CASE("the isolated device faults on a host access and moves bytes only thro
   const float values[4] = {1, 2, 3, 4};
   tier.copy_from_host(block, values, sizeof(values));
   float back[4] = {};
+  // The backend's DMA moves page-locked host memory only (the backend's pinned tier), as a GPU's.
   isolated_backend backend;
-  backend.copy_async(backend.d2h(), back, block, sizeof(back));
+  CHECK_THROWS_WITH_AS(backend.copy_async(backend.d2h(), back, block, sizeof(back)),
+                       doctest::Contains("isolated backend: an asynchronous copy of 16 bytes to pageable host memory"),
+                       error);
+  isolated_pinned_tier pinned(1 * MiB);
+  auto* locked = static_cast<float*>(pinned.allocate_sync(sizeof(back)));
+  backend.copy_async(backend.d2h(), locked, block, sizeof(back));
   backend.synchronize(backend.d2h());
-  CHECK(std::equal(back, back + 4, values));
+  CHECK(std::equal(locked, locked + 4, values));
+  pinned.deallocate_sync(locked, sizeof(back));
+  CHECK_FALSE(isolated_pinned_tier::holds(locked, sizeof(back)));  // freed: pageable again for the backend
   tier.fill_zero(block + 1, sizeof(float));
   tier.copy_to_host(back, block, sizeof(back));
   CHECK(back[0] == 1.0f);

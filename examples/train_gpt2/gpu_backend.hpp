@@ -7,6 +7,7 @@
 #include <chunkwise/optim/concepts.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/tier/cuda/device.cuh>
+#include <chunkwise/tier/cuda/pinned_host.cuh>
 
 #include <memory>
 #include <span>
@@ -58,6 +59,7 @@ template <>
 struct chunkwise::backend_parts<gpt2::gpu_backend> {
   using device_tier = chunkwise::cuda_device_tier;
   using device_optimizer = gpt2::gpu_adam;
+  using pinned_tier = chunkwise::cuda_pinned_host_tier;
   static constexpr bool device_is_host_memory = false;
   static device_optimizer make_optimizer(gpt2::gpu_backend& /*backend*/, const optim::adam_config& config,
                                          unsigned /*threads*/) {

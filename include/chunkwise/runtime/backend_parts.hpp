@@ -7,12 +7,15 @@
 //                           reaches device memory
 //   device_optimizer        a chunk_optimizer over arrays in that tier; make_optimizer(backend, adam, threads) makes
 //                           it when the device is not host memory (else the runtime's CPU Adam serves both)
+//   pinned_tier             host memory the backend's copies move asynchronously (page-locked for a GPU's DMA:
+//                           cudaHostAlloc), page-aligned for O_DIRECT: pinned homes, offloaded states, NVMe staging
 // The host backend's device is host memory (the emulated device tier) and its device optimizer is the SIMD CPU Adam;
 // the CUDA backend specialises this in runtime/cuda/backend_parts.cuh (the GPU's memory, the fused CUDA Adam), and
 // tests in runtime/isolated_device.hpp (host memory the host may not touch).
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/optim/cpu_adam.hpp>
 #include <chunkwise/tier/emulated_device.hpp>
+#include <chunkwise/tier/pinned_host.hpp>
 
 namespace chunkwise {
 
@@ -24,6 +27,7 @@ struct backend_parts<host_backend> {
   using device_tier = emulated_device_tier;
   /// Updates states in the device tier; the same kernel as the host tiers' optimizer here, one instance serves both.
   using device_optimizer = optim::cpu_adam;
+  using pinned_tier = pinned_host_tier;
   static constexpr bool device_is_host_memory = true;
 };
 

@@ -52,9 +52,10 @@ class home_storage {
 
  public:
   using device_tier = typename backend_parts<Backend>::device_tier;
+  using pinned_tier = typename backend_parts<Backend>::pinned_tier;
   using backend_type = Backend;
 
-  home_storage(Backend& backend, device_tier& device, pinned_host_tier& pinned, byte_count host_budget,
+  home_storage(Backend& backend, device_tier& device, pinned_tier& pinned, byte_count host_budget,
                home_layout layout)
       : resident_(layout.resident), type_(layout.type), owned_offset_(layout.owned_offset) {
     for (std::size_t c = 0; c < resident_; ++c) {

@@ -49,6 +49,7 @@ template <>
 struct backend_parts<isolated_backend> {
   using device_tier = isolated_device_tier;
   using device_optimizer = isolated_adam;
+  using pinned_tier = isolated_pinned_tier;
   static constexpr bool device_is_host_memory = false;
   static device_optimizer make_optimizer(isolated_backend& /*backend*/, const optim::adam_config& config,
                                          unsigned threads) {

@@ -57,6 +57,7 @@ class runtime {
   using placement = typename Plan::placement;
   using record = chunk_record<Comm>;
   using device_tier = typename backend_parts<Backend>::device_tier;
+  using pinned_tier = typename backend_parts<Backend>::pinned_tier;
   using homes_type = home_storage<placement, Backend>;
   using gradients_type = gradient_pipeline<collective, Comm, device_tier>;
 
@@ -293,7 +294,7 @@ class runtime {
   Comm* comm_;
   Backend backend_;
   device_tier device_;
-  pinned_host_tier host_;
+  pinned_tier host_;
   detail::host_exchange<Comm> exchange_;  // agreements and norms over host values (through device_ where need be)
   bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;

@@ -8,6 +8,7 @@
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/tier/concepts.hpp>
+#include <chunkwise/tier/detail/aligned_host_memory.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
 
 #include <sys/mman.h>
@@ -37,6 +38,15 @@ class isolated_blocks {
   void remove(const void* device) {
     const std::lock_guard lock(mutex_);
     blocks_.erase(address(device));
+  }
+  /// Whether [p, p + bytes) lies inside one registered block.
+  bool contains(const void* p, std::size_t bytes) const {
+    const std::lock_guard lock(mutex_);
+    const auto at = address(p);
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return at - it->first + bytes <= it->second.bytes;
   }
   /// Where the host may touch `p`: its alias when p is inside an isolated block, else p itself (host memory).
   void* host_alias(const void* p) const {
@@ -140,12 +150,66 @@ static_assert(memory_tier_with<isolated_device_tier, device_accessible>);
 static_assert(!has_property<isolated_device_tier, host_accessible>);
 static_assert(host_staged_tier<isolated_device_tier>);
 
-/// The host backend's streams, its copies through the aliases (the DMA engine of this "device").
+/// Page-locked host memory of the isolated device (as cudaHostAlloc's): page-aligned host memory under a budget,
+/// each block registered while it lives, so the backend can tell it from pageable memory.
+class isolated_pinned_tier : public detail::host_backend_tier<space::pinned_host> {
+ public:
+  explicit isolated_pinned_tier(byte_count budget)
+      : host_backend_tier("pinned host (isolated, page-locked)", budget, 4096, false) {}
+
+  void* allocate(host_stream& /*stream*/, byte_count bytes, std::size_t alignment = 0) {
+    return allocate_sync(bytes, alignment);
+  }
+  void deallocate(host_stream& stream, void* block, byte_count bytes, std::size_t alignment = 0) {
+    stream.enqueue([this, block, bytes, alignment] { deallocate_sync(block, bytes, alignment); });
+  }
+  void* allocate_sync(byte_count bytes, std::size_t alignment = 0) {
+    void* block = host_backend_tier::allocate_sync(bytes, alignment);
+    registry().add(block, bytes == 0 ? 1 : bytes, static_cast<std::byte*>(block));
+    return block;
+  }
+  void deallocate_sync(void* block, byte_count bytes, std::size_t alignment = 0) noexcept {
+    if (block == nullptr) return;
+    registry().remove(block);
+    host_backend_tier::deallocate_sync(block, bytes, alignment);
+  }
+  /// Whether [p, p + bytes) lies in one live block of an isolated pinned tier.
+  static bool holds(const void* p, byte_count bytes) {
+    return bytes == 0 || registry().contains(p, bytes);
+  }
+
+  friend constexpr void get_property(const isolated_pinned_tier&, host_accessible) noexcept {}
+  friend constexpr void get_property(const isolated_pinned_tier&, device_accessible) noexcept {}
+
+ private:
+  static isolated_blocks& registry() {
+    static isolated_blocks blocks;
+    return blocks;
+  }
+};
+static_assert(memory_tier_with<isolated_pinned_tier, host_accessible, device_accessible>);
+
+/// The host backend's streams, its copies through the aliases (the DMA engine of this "device"). As a GPU's DMA, it
+/// moves between device memory and page-locked host memory (isolated_pinned_tier) only: a copy with pageable host
+/// memory is refused, naming it.
 class isolated_backend : public host_backend {
  public:
   static constexpr const char* name = "isolated";
   void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
+    check_host_side(dst, src, bytes);
     host_backend::copy_async(stream, host_alias(dst), host_alias(src), bytes);
+  }
+
+ private:
+  static void check_host_side(const void* dst, const void* src, byte_count bytes) {
+    const bool dst_device = host_alias(dst) != dst, src_device = host_alias(src) != src;
+    if (dst_device == src_device) return;  // device to device (or host to host: not this backend's business)
+    const void* host = dst_device ? src : dst;
+    if (!isolated_pinned_tier::holds(host, bytes))
+      detail::raise(error_code::invalid_argument,
+                    "isolated backend: an asynchronous copy of " + std::to_string(bytes) + " bytes " +
+                        (dst_device ? "from" : "to") + " pageable host memory; the device's DMA moves page-locked "
+                        "memory only (backend_parts<Backend>::pinned_tier)");
   }
 };
 static_assert(backend<isolated_backend>);

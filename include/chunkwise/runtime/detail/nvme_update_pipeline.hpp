@@ -48,7 +48,9 @@ class nvme_update_pipeline {
  public:
   static constexpr std::size_t max_sets = 3;  // one read ahead, one being updated, one being written back
 
-  nvme_update_pipeline(nvme_tier& store, pinned_host_tier& pinned, std::vector<nvme_chunk_state> chunks, dtype type,
+  /// `pinned`: the backend's pinned host tier (page-aligned, so its blocks serve O_DIRECT).
+  template <class PinnedTier>
+  nvme_update_pipeline(nvme_tier& store, PinnedTier& pinned, std::vector<nvme_chunk_state> chunks, dtype type,
                        byte_count param_bytes, byte_count state_bytes)
       : store_(&store), chunks_(std::move(chunks)), type_(type), param_bytes_(param_bytes),
         state_bytes_(state_bytes) {
@@ -143,7 +145,8 @@ class nvme_update_pipeline {
   struct scratch {
     enum state_kind { idle, reading, updating, writing };
     // `separate_master`: bf16/fp16 (in fp32 the master weights are part of `param`).
-    scratch(pinned_host_tier& pinned, byte_count param_bytes, byte_count state_bytes, bool separate_master)
+    template <class PinnedTier>
+    scratch(PinnedTier& pinned, byte_count param_bytes, byte_count state_bytes, bool separate_master)
         : param(pinned, round_up(param_bytes, nvme_tier::io_alignment), dtype::uint8),
           master(pinned, separate_master ? round_up(state_bytes, nvme_tier::io_alignment) : 0, dtype::uint8),
           moment1(pinned, round_up(state_bytes, nvme_tier::io_alignment), dtype::uint8),

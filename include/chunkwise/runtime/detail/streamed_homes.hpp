@@ -53,17 +53,18 @@ struct streamed_settings {
 template <class Space, class Backend>
 class streamed_homes {
   static constexpr bool on_nvme = std::same_as<Space, space::nvme>;
+  using pinned_tier = typename backend_parts<Backend>::pinned_tier;
   using home_tier = std::conditional_t<on_nvme, nvme_tier,
-                                       std::conditional_t<std::same_as<Space, space::host>, host_tier, pinned_host_tier>>;
+                                       std::conditional_t<std::same_as<Space, space::host>, host_tier, pinned_tier>>;
   using device_tier = typename backend_parts<Backend>::device_tier;
-  using engine_type = transfer_engine<Backend, home_tier, pinned_host_tier>;
+  using engine_type = transfer_engine<Backend, home_tier, pinned_tier>;
   using cache_type = device_cache<engine_type, device_tier>;
   using home_handle = typename home_tier::handle_type;
 
  public:
   /// `device`: where the cache's blocks come from; `pinned`: the pinned host tier (the home for space::pinned_host,
   /// NVMe staging and scratch otherwise); `host_budget`: the budget of a pageable host home.
-  streamed_homes(Backend& backend, device_tier& device, pinned_host_tier& pinned, byte_count host_budget,
+  streamed_homes(Backend& backend, device_tier& device, pinned_tier& pinned, byte_count host_budget,
                  streamed_settings s)
       : settings_(std::move(s)),
         block_elements_(std::max<std::size_t>(1, *std::max_element(settings_.param_elements.begin(),
@@ -193,7 +194,7 @@ class streamed_homes {
     return {&h.master, &h.moment1, &h.moment2};
   }
 
-  std::unique_ptr<home_tier, void (*)(home_tier*)> make_home(pinned_host_tier& pinned, byte_count host_budget) {
+  std::unique_ptr<home_tier, void (*)(home_tier*)> make_home(pinned_tier& pinned, byte_count host_budget) {
     if constexpr (on_nvme) {
       const byte_count block = std::max(block_bytes_, state_bytes_);
       const std::size_t arrays = settings_.type == dtype::fp32 ? 3 : 4;  // parameters, (master,) two moments
@@ -209,7 +210,7 @@ class streamed_homes {
       return {&pinned, [](home_tier*) {}};  // the runtime's pinned tier: one budget for homes and offloaded states
     }
   }
-  std::unique_ptr<engine_type> make_engine(Backend& backend, pinned_host_tier& pinned) {
+  std::unique_ptr<engine_type> make_engine(Backend& backend, pinned_tier& pinned) {
     if constexpr (on_nvme)
       return std::make_unique<engine_type>(backend, *home_, pinned,
                                            transfer_options{.staging_buffers = 2,
