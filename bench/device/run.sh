@@ -7,7 +7,8 @@
 #   2. tokens/s and model FLOPs utilisation of --backend cuda, beside PyTorch on the same GPU and shape (Hugging
 #      Face's GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run.
 # Last line: device mfu=M tokens_per_s=T speedup_vs_torch=A speedup_vs_fsdp_offload=B loss_rel_diff=D
-# MFU against the H200's dense fp32 peak without tensor cores (67e12, PEAK_FLOPS): the passes run in fp32.
+# MFU against the H200's dense fp32 peak without tensor cores (67e12, PEAK_FLOPS): the passes run in fp32; a line
+# before it gives --dtype bf16's (bf16 tensor-core products) against the bf16 dense peak (790e12, BF16_PEAK_FLOPS).
 #
 # What the machine lacks travels with the working tree: Debian's doctest-dev and nlohmann-json3-dev as .deb files in
 # .device-debs/ (carry it), unpacked into a prefix the build finds. NCCL from the toolkit, else from PyTorch's wheel.
@@ -112,6 +113,8 @@ sed -n '/^step parts/,$p' "$logs/train_cuda_kernel_times.log" | head -40
 run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
 # the same run with the host chunks and the device mirror (before the chunks lived on the GPU): the change side by side
 run_trainer cuda_mirror --backend cuda --gpu-chunks off --steps 4 --device-budget 0
+# bf16 chunks and bf16 tensor-core products (fp32 sums): the MFU against the H200's bf16 dense peak (BF16_PEAK_FLOPS)
+run_trainer cuda_bf16 --backend cuda --dtype bf16 --steps 6 --device-budget 0
 run_trainer host --backend host --steps 4 --device-budget 0
 
 if [ -z "${SKIP_TORCH:-}" ]; then  # SKIP_TORCH=1: a call that measures only ours (the speedups print as nan)
@@ -134,9 +137,9 @@ for test in $memcheck_tests; do
   else echo "FAIL $test (memcheck, rc $?)"; tail -25 "$logs/memcheck_$test.log"; fi
 done | awk '!seen[$0]++' | tee -a "$logs/tests.txt"
 
-python3 - "$logs" "$peak" <<'PY' | tee "$logs/summary.txt"
+python3 - "$logs" "$peak" "${BF16_PEAK_FLOPS:-790e12}" <<'PY' | tee "$logs/summary.txt"
 import re, sys
-logs, peak = sys.argv[1], float(sys.argv[2])
+logs, peak, bf16_peak = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 def read(name):
     try: return open(f"{logs}/{name}").read()
     except OSError: return ""
@@ -147,7 +150,7 @@ def median_ms(text):
     m = re.search(r"median step ([0-9.]+) ms", text)
     return float(m.group(1)) if m else float("nan")
 cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
-mirror = read("train_cuda_mirror.log")
+mirror, bf16 = read("train_cuda_mirror.log"), read("train_cuda_bf16.log")
 flops = re.search(r"([0-9.]+) GFLOP per step", cuda)
 flops = float(flops.group(1)) * 1e9 if flops else float("nan")
 tokens = 4 * 256
@@ -166,6 +169,9 @@ def torch_tps(mode):
 print(f"cuda: median step {step*1e3:.1f} ms, {tps:.0f} tokens/s, {flops/step/1e12:.3f} TFLOP/s; streamed "
       f"{streamed_tps:.0f} tokens/s; host median step {median_ms(host):.0f} ms; torch plain {torch_tps('plain'):.0f}, "
       f"fsdp_offload {torch_tps('fsdp_offload'):.0f} tokens/s")
+bf16_step = median_ms(bf16) * 1e-3
+print(f"bf16 (chunks and tensor-core products): median step {bf16_step*1e3:.1f} ms, {tokens/bf16_step:.0f} tokens/s, "
+      f"mfu {flops/bf16_step/bf16_peak:.4f} of the bf16 dense peak; loss at step 4 {loss_at(bf16, 4):.6f}")
 print(f"device mfu={flops/step/peak:.4f} tokens_per_s={tps:.0f} speedup_vs_torch={tps/torch_tps('plain'):.3f} "
       f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
 PY

@@ -188,11 +188,11 @@ class device_chunk_executor {
 /// The FLOP/s the device passes reach, their staging copies included: the compute rate the planner charges for
 /// train_gpt2 --backend cuda. As measure_pass_flops (chunked_trainer.hpp) on the CPU: the model cut to as many layers
 /// as fit 1 GiB of training state, one warm-up, then the median of `iterations` forward and backward passes.
-inline double measure_device_pass_flops(model_config config, int iterations = 5) {
+inline double measure_device_pass_flops(model_config config, bool bf16_products = false, int iterations = 5) {
   const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
   config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
   reference_trainer trainer(config, 1);
-  device_workspace workspace(config);
+  device_workspace workspace(config, bf16_products);
   trainer_tensors host{&trainer};
   device_executor run(host, workspace, config);
   std::vector<int> tokens(config.batch * config.context), targets(tokens.size());

@@ -25,7 +25,9 @@ namespace gpt2 {
 /// without a visible GPU).
 class device_workspace {
  public:
-  explicit device_workspace(const model_config& config);
+  /// `bf16_products`: the matrix products on bf16 tensor cores (operands rounded to bf16, fp32 sums: --dtype bf16);
+  /// the host system's loops stay fp32.
+  explicit device_workspace(const model_config& config, bool bf16_products = false);
   ~device_workspace();
   device_workspace(const device_workspace&) = delete;
   device_workspace& operator=(const device_workspace&) = delete;

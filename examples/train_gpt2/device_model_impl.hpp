@@ -47,10 +47,14 @@ struct device_present {
 /// The GPU's matrix products: llm.c's cuBLAS calls on the default stream (the one Thrust's algorithms use).
 class matmul_context {
  public:
-  matmul_context() {
+  /// `bf16_products`: on the tensor cores, operands rounded to bf16 and products summed in fp32 (cuBLAS's
+  /// CUBLAS_COMPUTE_32F_FAST_16BF: what --dtype bf16 asks of the CPU's oneDNN too); else fp32 throughout (no TF32).
+  explicit matmul_context(bool bf16_products) : bf16_products_(bf16_products) {
+    int device = 0;
+    CHUNKWISE_CUDA_TRY(cudaGetDevice(&device), "GPT-2 device passes");
     cudaDeviceProp properties{};
-    CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, 0), "GPT-2 device passes");
-    name_ = std::string("CUDA (") + properties.name + ")";
+    CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, device), "GPT-2 device passes");
+    name_ = std::string("CUDA (") + properties.name + (bf16_products ? ", bf16 tensor-core products)" : ")");
     CHUNKWISE_CUBLAS_TRY(cublasCreate(&handle_), "GPT-2 device passes");
     CHUNKWISE_CUBLAS_TRY(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "GPT-2 device passes");
   }
@@ -63,10 +67,8 @@ class matmul_context {
   // out (rows, OC) = inp (rows, C) . weight (OC, C)^T + bias. Column-major: out^T = weight^T-as-stored . inp^T.
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     const float one = 1.0f, zero = 0.0f;
-    device_kernels::kernel_times::instance().time("cuBLAS sgemm forward", [&] {
-      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(OC), to_int(rows), to_int(C), &one,
-                                       weight, to_int(C), inp, to_int(C), &zero, out, to_int(OC)),
-                           "GPT-2 matmul forward");
+    device_kernels::kernel_times::instance().time("cuBLAS gemm forward", [&] {
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, rows, C, &one, weight, C, inp, C, &zero, out, OC, "GPT-2 matmul forward");
     });
     if (bias != nullptr) for_each_index(rows * OC, device_kernels::add_bias{out, bias, OC});
   }
@@ -74,22 +76,37 @@ class matmul_context {
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                 index rows, index C, index OC) {
     const float one = 1.0f;
-    device_kernels::kernel_times::instance().time("cuBLAS sgemm backward", [&] {
-      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, to_int(C), to_int(rows), to_int(OC), &one,
-                                       weight, to_int(C), dout, to_int(OC), &one, dinp, to_int(C)),
-                           "GPT-2 matmul backward (input)");
-      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, to_int(C), to_int(OC), to_int(rows), &one,
-                                       inp, to_int(C), dout, to_int(OC), &one, dweight, to_int(C)),
-                           "GPT-2 matmul backward (weight)");
+    device_kernels::kernel_times::instance().time("cuBLAS gemm backward", [&] {
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, rows, OC, &one, weight, C, dout, OC, &one, dinp, C,
+           "GPT-2 matmul backward (input)");
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, rows, &one, inp, C, dout, OC, &one, dweight, C,
+           "GPT-2 matmul backward (weight)");
     });
     if (dbias != nullptr) for_each_index(OC, device_kernels::bias_backward{dbias, dout, rows, OC});
   }
-  void synchronize() { CHUNKWISE_CUDA_TRY(cudaDeviceSynchronize(), "GPT-2 device passes"); }
+  /// Waits for the passes' work (the default stream: kernels, products, the staging's copies), not for the runtime's
+  /// own streams, whose prefetches go on beside the next pass.
+  void synchronize() { CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(nullptr), "GPT-2 device passes"); }
 
  private:
   static int to_int(index n) { return static_cast<int>(n); }
+  // C (m, n) = alpha op(A) op(B) + beta C, column-major fp32 arrays.
+  void gemm(cublasOperation_t op_a, cublasOperation_t op_b, index m, index n, index k, const float* alpha,
+            const float* a, index lda, const float* b, index ldb, const float* beta, float* c, index ldc,
+            const char* what) {
+    if (!bf16_products_) {
+      CHUNKWISE_CUBLAS_TRY(cublasSgemm(handle_, op_a, op_b, to_int(m), to_int(n), to_int(k), alpha, a, to_int(lda), b,
+                                       to_int(ldb), beta, c, to_int(ldc)), what);
+      return;
+    }
+    CHUNKWISE_CUBLAS_TRY(cublasGemmEx(handle_, op_a, op_b, to_int(m), to_int(n), to_int(k), alpha, a, CUDA_R_32F,
+                                      to_int(lda), b, CUDA_R_32F, to_int(ldb), beta, c, CUDA_R_32F, to_int(ldc),
+                                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+                         what);
+  }
   cublasHandle_t handle_ = nullptr;
   std::string name_;
+  bool bf16_products_;
 };
 #else
 struct device_present {};  // the host system is always there
@@ -97,6 +114,7 @@ struct device_present {};  // the host system is always there
 /// The host's matrix products: gpt2_model.hpp's loops (B = 1, T = rows), so the test compares the other maths.
 class matmul_context {
  public:
+  explicit matmul_context(bool /*bf16_products: the loops stay fp32*/) {}
   [[nodiscard]] const char* name() const noexcept { return "OpenMP (host)"; }
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     kernels::matmul_forward(out, inp, weight, bias, 1, rows, C, OC);
@@ -222,7 +240,7 @@ inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size())
 
 // activations<float>'s buffers in device memory (the same sizes and slots: recompute keeps one), and the rest.
 struct device_workspace::state : device_detail::device_present, activations<float, device_detail::buffer> {
-  explicit state(const model_config& config) : activations(config) {
+  state(const model_config& config, bool bf16_products) : activations(config), matmul(bf16_products) {
     tokens = thrust::device_vector<int>(B * T, 0);
     targets = thrust::device_vector<int>(B * T, 0);
     // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
@@ -267,7 +285,8 @@ struct device_workspace::state : device_detail::device_present, activations<floa
   std::vector<float> host_losses;
 };
 
-device_workspace::device_workspace(const model_config& config) : state_(std::make_unique<state>(config)) {}
+device_workspace::device_workspace(const model_config& config, bool bf16_products)
+    : state_(std::make_unique<state>(config, bf16_products)) {}
 device_workspace::~device_workspace() = default;
 
 const char* device_workspace::device_name() const noexcept { return state_->matmul.name(); }

@@ -586,7 +586,7 @@ class step_passes {
     }
 #if CHUNKWISE_GPT2_CUDA
     if (o.backend != "cuda") return;
-    workspace_ = std::make_unique<gpt2::device_workspace>(o.model);
+    workspace_ = std::make_unique<gpt2::device_workspace>(o.model, /*bf16_products=*/o.type == dtype::bf16);
     if constexpr (device_chunks) on_device_chunks_.emplace(rt, *workspace_, o.model);
     else {
       mirrored_.emplace(rt, *compute_);
@@ -836,7 +836,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   const double gemm_flops = machine.device_flops_per_second;
 #if CHUNKWISE_GPT2_CUDA
   if (o.backend == "cuda")
-    machine.device_flops_per_second = gpt2::measure_device_pass_flops(o.model);
+    machine.device_flops_per_second = gpt2::measure_device_pass_flops(o.model, o.type == dtype::bf16);
   else
 #endif
     // Thread ranks: all of this machine's ranks computing at once in this process. MPI processes a launcher bound
