@@ -17,12 +17,12 @@
 
 namespace gpt2 {
 
-/// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token
-/// and target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
-/// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the
-/// gradients of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into
-/// bf16 accumulators on the device, beside a staging area of the pass's widened parameters). Throws chunkwise::error(unsupported) when the device system has no device to run on (CUDA
-/// without a visible GPU).
+/// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token and
+/// target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
+/// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the gradients
+/// of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into bf16
+/// accumulators on the device, beside a staging area of the pass's widened parameters). Throws
+/// chunkwise::error(unsupported) when the device system has no device to run on (CUDA without a visible GPU).
 class device_workspace {
  public:
   /// `bf16_products`: the matrix products on bf16 tensor cores (operands rounded to bf16, fp32 sums: --dtype bf16);

@@ -865,7 +865,8 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   using plan_set = gpt2::trainable_plans;
   const auto table_title = [&] {
     std::printf("\nplans (host backend, %d %s, device budget %s per rank; * the one trained):\n", o.ranks,
-                o.comm != "threads" ? "MPI process(es)" : "thread rank(s)", format_bytes(machine.device_memory).c_str());
+                o.comm != "threads" ? "MPI process(es)" : "thread rank(s)",
+                format_bytes(machine.device_memory).c_str());
   };
   std::array<prediction, plan_set::size> plans;
   std::size_t best = 0;

@@ -41,7 +41,8 @@ void agree_on_fingerprint(host_exchange<Comm>& comm, std::uint64_t fingerprint, 
 /// Runs `body`; then the ranks agree: if any rank failed, every rank throws (its own error, or one naming how many
 /// other ranks failed).
 template <communicator Comm, class Body>
-void agree_on_outcome(host_exchange<Comm>& comm, const char* what, const std::filesystem::path& directory, Body&& body) {
+void agree_on_outcome(host_exchange<Comm>& comm, const char* what, const std::filesystem::path& directory,
+                      Body&& body) {
   std::exception_ptr failure;
   try {
     body();
