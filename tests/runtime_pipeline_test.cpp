@@ -430,29 +430,6 @@ TEST_CASE("over collectives that take only device memory, every plan at 2 and 4 
   });
 }
 
-TEST_CASE("streamed homes under ZeRO-2 and replication over device collectives: the host's bits") {
-  // Outside the default set: a streamed home (host memory) that ZeRO-2 publishes into goes through a device buffer;
-  // replicated chunks all-reduce in place in the device accumulator and land in the streamed home's tier.
-  using streamed_zero2 = plan<toy_layout, cached<space::pinned_host>, shard_grads, optimizer_follows_home>;
-  using streamed_replicated = plan<toy_layout, split<space::pinned_host>, replicated, optimizer_follows_home>;
-  const auto check = [](auto plan_tag) {
-    using Plan = typename decltype(plan_tag)::type;
-    CAPTURE(Plan::name());
-    for (const dtype type : {dtype::fp32, dtype::bf16})
-      for (const bool overlap : {false, true}) {
-        CAPTURE(type);
-        const toy_run run{.ranks = 2, .overlap = overlap, .device_blocks = 3, .type = type};
-        const auto on_host = train<Plan>(run);
-        const auto isolated = train<Plan, isolated_backend, isolated_comm>(run);
-        if (type == dtype::fp32) CHECK(on_host.streamed > 0);  // bf16 packs the toy into chunks the blocks hold
-        CHECK(isolated.parameters == on_host.parameters);
-        CHECK(isolated.traffic.published == on_host.traffic.published);
-      }
-  };
-  check(std::type_identity<streamed_zero2>{});
-  check(std::type_identity<streamed_replicated>{});
-}
-
 TEST_CASE("checkpoints saved over device collectives at 2 ranks restore on 4 host ranks and back, bit for bit") {
   using sharded = on_toy<default_plans::at<2>>;
   using streamed = on_toy<default_plans::at<6>>;
