@@ -169,6 +169,9 @@ class optimizer_stage {
   void publish(std::vector<record>& chunks) {
     std::vector<pending<Comm>> in_flight;
     for (auto& b : chunks) {
+      // An update beside backward let the cache fetch the chunk again once its own shard was written: that copy
+      // lacks the other ranks' shards published here.
+      homes_->invalidate(b.index);
       if constexpr (collectives_on_device) {
         publish_on_device(b, in_flight);
         continue;
