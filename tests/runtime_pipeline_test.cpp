@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <csignal>
 #include <filesystem>
 #include <optional>
@@ -65,6 +66,7 @@ struct toy_result {
   std::vector<std::vector<float>> parameters;  // rank 0's, per tensor
   runtime_traffic traffic;
   chunkwise::cache_stats cache;
+  nvme_update_stats nvme;                  // rank 0's updates of NVMe homes
   std::vector<double> grad_norms;          // rank 0's, per step
   std::size_t chunks = 0, streamed = 0;
   bool overlapped = false;
@@ -149,6 +151,7 @@ toy_result train(const toy_run& run) {
         if (r == 0) {
           result.traffic = rt.traffic();
           result.cache = rt.cache_stats();
+          result.nvme = rt.nvme_updates();
           result.chunks = rt.layout().chunks.size();
           result.streamed = rt.streamed_chunks();
           result.overlapped = rt.updates_overlap_backward();
@@ -700,6 +703,95 @@ TEST_CASE("ZeRO-3 over streamed homes gathers passes ahead, from cache blocks st
     else CHECK(result.traffic.gathers_ahead > 0);
     CHECK(result.cache.prefetches > 0);
   }
+}
+
+TEST_CASE("an NVMe home block is read from the drive once a step: the update takes the cache's copy") {
+  // fp32's working block is the master weights: the update needs it, and the device cache fetched it for backward.
+  // At one rank with updates beside backward every chunk is still cached when its gradient is reduced.
+  const auto expected = reference({}).parameters;
+  using on_nvme = plan<toy_layout, cached<space::nvme>, replicated, optimizer_follows_home>;
+  const auto one = train<on_nvme>({.ranks = 1, .overlap = true, .device_blocks = 3});
+  CHECK(toy::worst_relative_difference(one.parameters, expected) < 1e-5);
+  REQUIRE(one.cache.fetches() > 0);
+  CHECK(one.nvme.updates == 3 * one.chunks);
+  CHECK(one.nvme.params_handed_over == one.nvme.updates);
+  CHECK(one.nvme.params_read == 0);
+  // The updates read their two moments from the drive (one block each, as the parameters at one rank in fp32); it
+  // was three blocks an update before.
+  const byte_count block = one.cache.bytes_home_to_device / one.cache.fetches();
+  CHECK(one.nvme.bytes_read == 2 * block * one.nvme.updates);
+  // Two ranks (ZeRO-2 reads the block it owns half of, bf16 too), both update modes: whatever the cache still holds
+  // is handed over, the rest read, and the result is the reference's. Chunks of 4 KiB hold the bf16 toy in 4.
+  const auto bf16 = toy::train_plain({.lr = warmup_lr, .type = dtype::bf16, .ranks = 2}).parameters;
+  const auto check_zero2 = [&]<class Layout>(dtype type, std::type_identity<Layout>) {
+    using zero2_on_nvme = plan<Layout, cached<space::nvme>, shard_grads, optimizer_follows_home>;
+    for (const bool overlap : {false, true}) {
+      CAPTURE(type);
+      CAPTURE(overlap);
+      const auto two = train<zero2_on_nvme>({.ranks = 2, .overlap = overlap, .device_blocks = 3, .type = type});
+      CHECK(two.streamed > 0);
+      if (type == dtype::fp32) CHECK(toy::worst_relative_difference(two.parameters, expected) < 1e-5);
+      else CHECK(two.parameters == bf16);
+      CHECK(two.nvme.params_handed_over + two.nvme.params_read == two.nvme.updates);
+      CHECK(two.nvme.params_handed_over > 0);
+    }
+  };
+  check_zero2(dtype::fp32, std::type_identity<toy_layout>{});
+  check_zero2(dtype::bf16, std::type_identity<layout::fixed<4 * KiB>>{});
+}
+
+TEST_CASE("a working block handed over while every scratch set is busy waits in a landing buffer") {
+  // Three chunks read ahead hold the three sets; the fourth's copy (5s, where the drive holds 3s: the test sees which
+  // one the update used) lands aside and is swapped into the set its update reads into; the drive gives it only its
+  // moments.
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-landing-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr std::size_t chunks = 4, elements = 1024;
+  constexpr byte_count bytes = elements * sizeof(float);
+  nvme_options store_options;
+  store_options.directory = dir;
+  store_options.block_bytes = bytes;
+  store_options.capacity = 3 * chunks * bytes;
+  {
+    nvme_tier store(store_options);
+    pinned_host_tier pinned(64 * MiB);
+    std::vector<detail::nvme_chunk_state> states;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
+                                 elements, elements, 0};
+      detail::tier_buffer staging(pinned, elements);
+      std::fill_n(staging.data(), elements, static_cast<float>(c));
+      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
+      states.push_back(h);
+    }
+    detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
+    REQUIRE(pipeline.scratch_sets() == 3);
+    const std::vector<float> cached(elements, 5.0f);
+    const auto copy_cached = [&](std::byte* destination) { std::memcpy(destination, cached.data(), bytes); };
+    const byte_count read_before = store.stats().bytes_read;
+    for (std::uint32_t c = 0; c < 3; ++c) pipeline.prepare(c);
+    pipeline.prepare(3, copy_cached);  // no set is free: it lands aside
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      pipeline.update(c, [](const home_view& v) {
+        for (auto& x : v.master) x += 1.0f;
+      }, nullptr);
+    pipeline.drain();
+    CHECK(pipeline.stats().params_handed_over == 1);
+    CHECK(pipeline.stats().params_read == 3);
+    CHECK(store.stats().bytes_read - read_before == 3 * 3 * bytes + 2 * bytes);
+    CHECK(pipeline.stats().bytes_read == 3 * 3 * bytes + 2 * bytes);
+    pipeline.visit(3, false, [&](const home_view& v) { CHECK(v.master[elements - 1] == 6.0f); });
+    pipeline.visit(2, false, [&](const home_view& v) { CHECK(v.master[0] == 3.0f); });
+    // With a set free, the copy goes straight into it.
+    pipeline.prepare(0, copy_cached);
+    pipeline.update(0, [](const home_view& v) {
+      for (auto& x : v.master) x *= 2.0f;
+    }, nullptr);
+    pipeline.drain();
+    CHECK(pipeline.stats().params_handed_over == 2);
+    pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[0] == 10.0f); });
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a bf16 update that owns its whole home does not read the working block it rewrites") {

@@ -559,6 +559,11 @@ class progress_log {
     if (rt.streamed_chunks() > 0)
       std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
                   rt.layout().chunks.size(), rt.cache_stats().summary().c_str());
+    if (const auto nvme = rt.nvme_updates(); nvme.updates > 0)
+      std::printf("NVMe updates (rank 0): %s read a step; working blocks: %llu from the device cache, %llu read\n",
+                  format_bytes(nvme.bytes_read / steps).c_str(),
+                  static_cast<unsigned long long>(nvme.params_handed_over),
+                  static_cast<unsigned long long>(nvme.params_read));
   }
 
  private:

@@ -219,6 +219,24 @@ class device_cache {
   /// say, so the next iteration's first chunks move while the trainer does other work).
   void prefetch_ahead() { prefetch(); }
 
+  /// The block holding `chunk`'s copy as it is in its home: fetched, the fetch finished and succeeded, unchanged
+  /// since (not dirty); null otherwise. A device address where the device tier is not host memory. Read it at once,
+  /// on the thread that drives the cache: the next acquire, prefetch or invalidate may reuse the block. (An update of
+  /// an NVMe home takes its working block from here instead of reading it from the drive a second time.)
+  [[nodiscard]] const void* clean_block(std::uint32_t chunk) const {
+    check_chunk(chunk, "clean_block");
+    const std::int32_t b = chunk_block_[chunk];
+    if (b == no_block) return nullptr;
+    const auto& slot = blocks_[static_cast<std::size_t>(b)];
+    if (slot.dirty || !slot.fetch.ready()) return nullptr;
+    try {
+      slot.fetch.wait();  // ready: rethrows at once where the fetch failed (the block then holds nothing good)
+    } catch (...) {
+      return nullptr;
+    }
+    return slot.memory;
+  }
+
   [[nodiscard]] bool is_cached(std::uint32_t chunk) const {
     check_chunk(chunk, "is_cached");
     return chunk_block_[chunk] != no_block;

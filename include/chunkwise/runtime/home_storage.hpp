@@ -151,7 +151,8 @@ class home_storage {
       f(resident_view(c));
     });
   }
-  /// Chunk c is the next to update: NVMe homes start reading its state (any thread).
+  /// Chunk c is the next to update: NVMe homes start reading its state, its working block from the device cache's
+  /// copy where there is one (on the thread that acquires and releases, before invalidate(c)).
   void prepare_update(std::uint32_t c) {
     if (streamed(c)) streamed_->prepare_update(local(c));
   }
@@ -182,6 +183,9 @@ class home_storage {
   [[nodiscard]] cache_stats stats() const { return streamed_ ? streamed_->stats() : cache_stats{}; }
   /// The streamed chunks' home tier (zero when every chunk is resident).
   [[nodiscard]] tier_stats home_stats() const { return streamed_ ? streamed_->home_stats() : tier_stats{}; }
+  [[nodiscard]] nvme_update_stats nvme_updates() const {
+    return streamed_ ? streamed_->nvme_updates() : nvme_update_stats{};
+  }
 
  private:
   struct resident_home {
@@ -228,6 +232,7 @@ class home_storage {
     void prefetch_ahead() {}
     cache_stats stats() const { return {}; }
     tier_stats home_stats() const { return {}; }
+    nvme_update_stats nvme_updates() const { return {}; }
   };
   // resident<> instantiates no cache, transfer engine or home tier.
   using streamed_holder =

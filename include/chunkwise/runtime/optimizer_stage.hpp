@@ -119,8 +119,10 @@ class optimizer_stage {
     // The cache is driven from this thread; it fetches the chunk again (for the next step) only after the update.
     // It completes `updated` once the new state is in the home (NVMe: written back).
     auto updated = std::make_shared<completion>();
+    // NVMe homes: read its state while the update before it runs; its working block from the cached copy, before
+    // that is dropped.
+    homes_->prepare_update(b.index);
     homes_->invalidate(b.index, updated);
-    homes_->prepare_update(b.index);  // NVMe homes: read its state while the update before it runs
     const optim::step_args args{.lr = settings_.schedule(step), .step = step};
     b.update = worker_->submit(std::packaged_task<void()>([this, &b, args, updated] { update(b, args, updated); }));
   }

@@ -220,6 +220,8 @@ class runtime {
   [[nodiscard]] chunkwise::cache_stats cache_stats() const { return homes_.stats(); }
   /// Peak and current bytes of the streamed chunks' home tier (zero when every chunk is resident).
   [[nodiscard]] tier_stats home_stats() const { return homes_.home_stats(); }
+  /// NVMe homes: the optimizer updates and where their working blocks came from (zero for other homes).
+  [[nodiscard]] nvme_update_stats nvme_updates() const { return homes_.nvme_updates(); }
   /// Chunks streamed from the placement's home (0 for resident placements).
   [[nodiscard]] std::size_t streamed_chunks() const noexcept { return homes_.streamed_chunks(); }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }

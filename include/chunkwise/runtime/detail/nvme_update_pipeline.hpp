@@ -3,11 +3,15 @@
 // ZeRO-Infinity's and LoHan's out-of-core steps are: while one chunk's AdamW runs on its pinned scratch copy, the
 // next chunk's blocks are read into another and the previous chunk's written back from a third, on one I/O thread.
 // A step of n chunks then costs about max(n * (read + write), n * update) instead of n * (read + update + write).
-// In bf16/fp16 an update that owns the chunk's whole home does not read its working block (it rewrites it).
+// Each home block is read from the drive once a step where it can be: in bf16/fp16 an update that owns the chunk's
+// whole home does not read its working block (it rewrites it); otherwise (fp32, whose working block holds the master
+// weights, and ZeRO-2's partly owned blocks) the caller hands over the device cache's copy, fetched for backward,
+// which is copied into a free scratch set, or else into a landing buffer that the set's read takes later.
 //
-//   prepare(c)   reads chunk c's blocks ahead of its update, when a scratch set is free (any thread; the caller
+//   prepare(c, copy)   reads chunk c's blocks ahead of its update, when a scratch set is free (any thread; the caller
 //                knows the order: the optimizer stage prepares each chunk when its gradient is reduced, or the next
-//                one of a deferred step's loop);
+//                one of a deferred step's loop); `copy(destination)`, where given, writes the working block as it is
+//                in the store (on the caller's thread, at once);
 //   update(c, f, done)   f(home_view) on chunk c's state (its prepared copy, or read now), then written back behind
 //                the caller; `done` completes once the bytes are on disk, or with the failure. One update at a time.
 //   visit(c, write, f)   f outside the pipeline (initialisation, checkpoints, reads), after every write in flight;
@@ -36,6 +40,18 @@
 #include <span>
 #include <vector>
 
+namespace chunkwise {
+
+/// The optimizer updates of chunks with NVMe homes (runtime::nvme_updates()): updates run, how many found their blocks
+/// read ahead (prepared) rather than reading them then, the working blocks they needed: handed over from the device
+/// cache's copy, or read from the drive; and the bytes they read from the drive.
+struct nvme_update_stats {
+  std::uint64_t updates = 0, read_ahead = 0, params_handed_over = 0, params_read = 0;
+  byte_count bytes_read = 0;
+};
+
+}  // namespace chunkwise
+
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
 /// One chunk's blocks in the NVMe store (master: bf16/fp16 only) and the geometry of its home view.
@@ -47,6 +63,7 @@ struct nvme_chunk_state {
 class nvme_update_pipeline {
  public:
   static constexpr std::size_t max_sets = 3;  // one read ahead, one being updated, one being written back
+  static constexpr std::size_t max_landings = 6;  // working blocks handed over while every set is busy
 
   /// `pinned`: the backend's pinned host tier (page-aligned, so its blocks serve O_DIRECT).
   template <class PinnedTier>
@@ -62,6 +79,14 @@ class nvme_update_pipeline {
         break;  // the pinned budget holds fewer sets: less overlap, the same results
       }
     }
+    for (std::size_t k = 0; k < max_landings && sets_.size() == max_sets; ++k) {
+      try {
+        landings_.push_back({tier_buffer(pinned, round_up(param_bytes_, nvme_tier::io_alignment), dtype::uint8)});
+      } catch (const error& e) {
+        if (e.code() != error_code::out_of_memory) throw;
+        break;  // fewer hand-overs: those blocks are read from the drive
+      }
+    }
   }
   nvme_update_pipeline(const nvme_update_pipeline&) = delete;
   nvme_update_pipeline& operator=(const nvme_update_pipeline&) = delete;
@@ -71,11 +96,7 @@ class nvme_update_pipeline {
   }
 
   [[nodiscard]] std::size_t scratch_sets() const noexcept { return sets_.size(); }
-  /// Updates run, and how many of them found their blocks read ahead (prepared) rather than reading them then.
-  struct statistics {
-    std::uint64_t updates = 0, read_ahead = 0;
-  };
-  [[nodiscard]] statistics stats() const {
+  [[nodiscard]] nvme_update_stats stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
   }
@@ -83,6 +104,24 @@ class nvme_update_pipeline {
   void prepare(std::uint32_t c) {
     std::lock_guard lock(mutex_);
     if (holding(c) != nullptr) return;
+    if (scratch* s = idle_set()) start_read(*s, c);
+  }
+  template <class CopyWorkingBlock>
+  void prepare(std::uint32_t c, CopyWorkingBlock&& copy) {
+    std::lock_guard lock(mutex_);
+    if (holding(c) != nullptr) return;
+    if (reads_working_block(c) && landed(c) == nullptr) {
+      if (scratch* s = free_set()) {
+        copy(s->param.data<std::byte>());
+        ++stats_.params_handed_over;
+        return start_read(*s, c, /*param_ready=*/true);
+      }
+      if (landing* l = free_landing()) {
+        copy(l->param.data<std::byte>());
+        l->chunk = c;
+        ++stats_.params_handed_over;
+      }
+    }
     if (scratch* s = idle_set()) start_read(*s, c);
   }
 
@@ -136,6 +175,7 @@ class nvme_update_pipeline {
     {
       std::lock_guard lock(mutex_);
       for (auto& s : sets_) s->state = scratch::idle;
+      for (auto& l : landings_) l.chunk = landing::none;  // its update is done (or failed): the copy is old
       std::swap(failure, failure_);
     }
     if (failure) std::rethrow_exception(failure);
@@ -156,21 +196,37 @@ class nvme_update_pipeline {
     std::uint32_t chunk = 0;
     std::future<void> io;  // the read (reading) or write (writing) in flight
   };
+  // A working block handed over while no set was free; the read of `chunk` for its update swaps it into its set.
+  struct landing {
+    static constexpr std::uint32_t none = ~std::uint32_t{0};
+    tier_buffer param;
+    std::uint32_t chunk = none;
+  };
+
+  // Whether the update of chunk c needs its working block: in bf16/fp16 it rewrites the block from the master weights
+  // when it owns the whole home (replicated, ZeRO-3); fp32's block is the master weights.
+  bool reads_working_block(std::uint32_t c) const {
+    const auto& h = chunks_[c];
+    return type_ == dtype::fp32 || h.owned_offset != 0 || h.state_elements != h.param_elements;
+  }
 
   // Reads (or writes back) chunk c's blocks into (from) a scratch set: working parameters, master weights when
-  // separate, the moments. `for_update`: a read for the optimizer, which in bf16/fp16 rewrites every working element
-  // it owns from the master weights: when it owns the whole home (replicated, ZeRO-3) the working block is not read
-  // (each home block is then read once per step, by the cache's fetch) but zeroed, as the padding past the last
-  // tensor is on disk.
-  void transfer(scratch& s, std::uint32_t c, bool write, bool for_update = false) {
+  // separate, the moments. `for_update`: a read for the optimizer, whose working block is either not needed (zeroed,
+  // as the padding past the last tensor is on disk; see reads_working_block), already in the set (`param_ready`),
+  // in a landing buffer (swapped in), or read.
+  void transfer(scratch& s, std::uint32_t c, bool write, bool for_update = false, bool param_ready = false) {
     const auto& h = chunks_[c];
     const auto move = [&](nvme_block block, tier_buffer& buffer, byte_count bytes) {
-      if (write) store_->write(block, buffer.data<std::byte>(), bytes);
-      else store_->read(block, buffer.data<std::byte>(), bytes);
+      if (write) return store_->write(block, buffer.data<std::byte>(), bytes);
+      store_->read(block, buffer.data<std::byte>(), bytes);
+      if (!for_update) return;
+      std::lock_guard lock(mutex_);
+      stats_.bytes_read += bytes;
+      stats_.params_read += &buffer == &s.param;
     };
-    const bool rewritten = type_ != dtype::fp32 && h.owned_offset == 0 && h.state_elements == h.param_elements;
-    if (!write && for_update && rewritten) std::memset(s.param.data<std::byte>(), 0, param_bytes_);
-    else move(h.param, s.param, param_bytes_);
+    if (write || !for_update) move(h.param, s.param, param_bytes_);
+    else if (!reads_working_block(c)) std::memset(s.param.data<std::byte>(), 0, param_bytes_);
+    else if (!param_ready && !take_landing(s, c)) move(h.param, s.param, param_bytes_);
     if (type_ != dtype::fp32) move(h.master, s.master, state_bytes_);
     move(h.moment1, s.moment1, state_bytes_);
     move(h.moment2, s.moment2, state_bytes_);
@@ -190,17 +246,41 @@ class nvme_update_pipeline {
   // Idle, or writing back: the I/O thread runs a read queued now after that write (whose failure the write itself
   // keeps in failure_ and its completion).
   scratch* idle_set() {
-    for (auto& s : sets_)
-      if (s->state == scratch::idle) return s.get();
+    if (scratch* s = free_set()) return s;
     for (auto& s : sets_)
       if (s->state == scratch::writing) return s.get();
     return nullptr;
   }
-  void start_read(scratch& s, std::uint32_t c) {
+  // Idle: no I/O touches it, so the caller may write into it now.
+  scratch* free_set() {
+    for (auto& s : sets_)
+      if (s->state == scratch::idle) return s.get();
+    return nullptr;
+  }
+  landing* free_landing() {
+    for (auto& l : landings_)
+      if (l.chunk == landing::none) return &l;
+    return nullptr;
+  }
+  landing* landed(std::uint32_t c) {
+    for (auto& l : landings_)
+      if (l.chunk == c) return &l;
+    return nullptr;
+  }
+  // On the I/O thread, reading for chunk c's update: its handed-over working block, if any, becomes the set's.
+  bool take_landing(scratch& s, std::uint32_t c) {
+    std::lock_guard lock(mutex_);
+    landing* l = landed(c);
+    if (l == nullptr) return false;
+    std::swap(s.param, l->param);
+    l->chunk = landing::none;
+    return true;
+  }
+  void start_read(scratch& s, std::uint32_t c, bool param_ready = false) {
     s.state = scratch::reading;
     s.chunk = c;
-    s.io = io_.submit(
-        std::packaged_task<void()>([this, &s, c] { transfer(s, c, /*write=*/false, /*for_update=*/true); }));
+    s.io = io_.submit(std::packaged_task<void()>(
+        [this, &s, c, param_ready] { transfer(s, c, /*write=*/false, /*for_update=*/true, param_ready); }));
   }
   // The set chunk c's update runs on: its read ahead, or a set read now (an idle or writing one, or one that read
   // ahead for another chunk: dropped, it changed nothing).
@@ -238,8 +318,9 @@ class nvme_update_pipeline {
   dtype type_;
   byte_count param_bytes_, state_bytes_;
   std::vector<std::unique_ptr<scratch>> sets_;
+  std::vector<landing> landings_;
   mutable std::mutex mutex_;
-  statistics stats_;
+  nvme_update_stats stats_;
   std::exception_ptr failure_;  // the first write-back that failed, until drain()
   worker_threads io_{1};        // last: destroyed first, after finishing what it was given
 };

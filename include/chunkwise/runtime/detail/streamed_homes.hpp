@@ -67,6 +67,7 @@ class streamed_homes {
   streamed_homes(Backend& backend, device_tier& device, pinned_tier& pinned, byte_count host_budget,
                  streamed_settings s)
       : settings_(std::move(s)),
+        device_(&device),
         block_elements_(std::max<std::size_t>(1, *std::max_element(settings_.param_elements.begin(),
                                                                   settings_.param_elements.end()))),
         block_bytes_(block_elements_ * size_of(settings_.type)),
@@ -159,10 +160,20 @@ class streamed_homes {
       run_then_complete(done, [&] { visit(c, /*write=*/true, std::forward<F>(f)); });
     }
   }
-  /// Chunk c's update comes next: NVMe homes read its blocks ahead (any thread).
+  /// Chunk c's update comes next: NVMe homes read its blocks ahead, taking its working block from the device cache's
+  /// copy where there is one (so each block is read from the drive once a step). On the thread that drives the
+  /// cache, before invalidate(c).
   void prepare_update(std::uint32_t c) {
-    if constexpr (on_nvme) pipeline_->prepare(c);
+    if constexpr (on_nvme) {
+      const void* cached = cache_->clean_block(c);
+      if (cached == nullptr) return pipeline_->prepare(c);
+      pipeline_->prepare(c, [&](std::byte* destination) {
+        tier_buffer_ops_for<device_tier>.to_host(device_, destination, cached, block_bytes_);
+      });
+    }
   }
+  /// The NVMe updates' counts (zero for other homes).
+  [[nodiscard]] nvme_update_stats nvme_updates() const { return pipeline_ ? pipeline_->stats() : nvme_update_stats{}; }
   /// Waits for the updates' write-backs in flight; rethrows the first that failed.
   void drain_updates() {
     if constexpr (on_nvme) pipeline_->drain();
@@ -236,6 +247,7 @@ class streamed_homes {
   }
 
   streamed_settings settings_;
+  device_tier* device_;     // the cache's blocks: a working block handed to an update is copied down through it
   std::size_t block_elements_;
   byte_count block_bytes_;  // one cache block: the largest home part's working parameters
   byte_count state_bytes_;  // the largest owned part in fp32 (master weights, each moment)
