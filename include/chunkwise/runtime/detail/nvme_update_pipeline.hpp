@@ -142,6 +142,9 @@ class nvme_update_pipeline {
           std::lock_guard failure_lock(mutex_);
           if (!failure_) failure_ = std::current_exception();
         }
+        // Written (no read was queued behind it: that would have made it `reading`): free for a hand-over's copy.
+        std::lock_guard lock(mutex_);
+        if (s.state == scratch::writing) s.state = scratch::idle;
       }));
     } catch (...) {
       if (done) done->complete(std::current_exception());
