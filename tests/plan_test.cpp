@@ -368,7 +368,7 @@ TEST_CASE("on the host backend collectives and copies add to compute; on a GPU t
   CHECK(h.step > g.step);
 }
 
-TEST_CASE("an NVMe home's update reads its moments, the parameters the cache no longer holds in fp32, the master in bf16") {
+TEST_CASE("an NVMe update reads the moments, the fp32 parameters the cache no longer holds, the bf16 master") {
   // One rank, everything streamed from NVMe through a device cache; the update's traffic is what the step's NVMe
   // time holds besides the fetches (whose bytes the host-to-device time gives).
   const auto machine = describe_machine({.gpus = 1, .gpu_memory = 2 * GiB, .host_memory = 64 * GiB});
