@@ -11,7 +11,7 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_measure_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::vector<std::string> lines;
-  measure_options options{.nvme_directory = dir, .nvme_test_bytes = 32 * MiB, .ranks = 2};
+  measure_options options{.nvme_directory = dir, .nvme_test_bytes = 32 * MiB, .nvme_test_seconds = 0.1, .ranks = 2};
   options.progress = [&](const std::string& line) { lines.push_back(line); };
 
   const auto measured = measure_or_load<host_backend>(dir / "cache", options);
@@ -21,6 +21,7 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(measured.fingerprint.view().rfind("host-", 0) == 0);
   CHECK(measured.host_to_device_bytes_per_second > 1e8);
   CHECK(measured.nvme_read_bytes_per_second > 1e6);
+  CHECK(measured.nvme_write_bytes_per_second > 1e6);
   CHECK(measured.nvme_capacity > 0);
   CHECK(measured.nvme_cpu_seconds_per_byte > 0);  // submitting and completing I/O costs the CPU something
   CHECK(measured.nvme_cpu_seconds_per_byte < 1e-8);  // and far less than 10 s per GB

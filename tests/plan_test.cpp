@@ -415,6 +415,43 @@ TEST_CASE("an NVMe update reads the moments, the fp32 parameters the cache no lo
     }
 }
 
+TEST_CASE("an fp32 NVMe update that trails backward finds fewer of the device cache's copies, the slower the drive") {
+  // Updates beside backward hand over the cached copy of a chunk's parameters only while one of the update
+  // pipeline's buffers is free: where a chunk's update I/O outlasts the drive time its share of backward leaves, the
+  // reduced chunks queue, and the rest read their parameters from the drive again.
+  auto machine = describe_machine({.gpus = 1, .gpu_memory = 6 * GiB, .host_memory = 64 * GiB});
+  machine.kind = device_kind::host;
+  machine.device_flops_per_second = 1e11;
+  using plans = plan_set<plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>>;
+  gpt2_config config = gpt2_1558m;  // the scale run's shape: many more chunks than the pipeline has buffers
+  config.vocab = 256;
+  config.context = 64;
+  auto model = gpt2_profile(config);
+  model.updates_overlap_backward = true;
+  // The parameter bytes the updates read from the drive, at a drive of `read` and `write` bytes per second.
+  const auto parameter_reads = [&](double read, double write) {
+    machine.nvme_read_bytes_per_second = read;
+    machine.nvme_write_bytes_per_second = write;
+    const auto p = evaluate<plans>(model, machine)[0];
+    CAPTURE(p.limit);
+    REQUIRE(p.feasible);
+    REQUIRE(p.knobs.resident_chunks == 0);
+    REQUIRE(p.knobs.chunks > 4 * nvme_update_buffers);
+    const double fetched = p.time.host_to_device * machine.host_to_device_bytes_per_second;
+    const double c = static_cast<double>(p.knobs.chunks * p.knobs.chunk_bytes);
+    const double updates = p.time.nvme - fetched / read;
+    const double reads = (updates - 3 * c / write) * read;  // what the updates read besides m and v (2c)
+    CHECK(reads - 2 * c <= static_cast<double>((p.knobs.chunks - nvme_update_buffers) * p.knobs.chunk_bytes) * 1.01);
+    return std::pair{reads - 2 * c, static_cast<double>(p.knobs.chunk_bytes)};
+  };
+  const auto [fast, chunk] = parameter_reads(50e9, 50e9);  // the updates keep up: every copy is handed over
+  CHECK(fast == doctest::Approx(0).epsilon(0.01).scale(chunk));
+  const auto [slow, chunk_at_slow] = parameter_reads(1e9, 1.5e9);
+  const auto [slower, chunk_at_slower] = parameter_reads(0.25e9, 0.4e9);
+  CHECK(slow > chunk_at_slow);  // some chunks read their parameters again
+  CHECK(slower > slow);
+}
+
 TEST_CASE("on Elixir's benchmark matrix the search offloads nothing where all fits, and the least Adam work otherwise") {
   // Elixir's evaluation (Huang et al., 2023): GPT-2-style models of 4B to 20B parameters on 1 to 4 A100 80 GB of a
   // DGX A100 (NVLink between GPUs, PCIe 4 to a host of 1 TiB), batch 4 to 16 per GPU, sequence 1024, activation

@@ -28,6 +28,7 @@ namespace chunkwise::inline CHUNKWISE_ABI {
 struct measure_options {
   std::filesystem::path nvme_directory = std::filesystem::temp_directory_path();  // "" = no NVMe store
   byte_count nvme_test_bytes = 256 * MiB;
+  double nvme_test_seconds = 0.6;  // each of the NVMe write and read measurements, at least (and one pass)
   byte_count device_memory = 0;  // host backend: the device budget per rank; 0 = half of the available memory / ranks
   std::uint32_t ranks = 1;
   unsigned threads = 0;          // 0 = every core
@@ -84,7 +85,11 @@ inline byte_count meminfo_bytes(const char* key) {
   return 0;
 }
 
-/// A stable name for this machine: CPU model, core count, total memory.
+/// Raised whenever a measurement's method changes, so that a cached profile measured the old way is measured again
+/// (2: the NVMe store's steady overwrite and read rates, not one cold pass).
+inline constexpr int measurement_revision = 2;
+
+/// A stable name for this machine and how it is measured: CPU model, core count, total memory, the revision.
 inline std::string machine_fingerprint() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model = "unknown-cpu";
@@ -94,7 +99,8 @@ inline std::string machine_fingerprint() {
       break;
     }
   const std::string description = model + "|" + std::to_string(std::thread::hardware_concurrency()) + "|" +
-                                  std::to_string(meminfo_bytes("MemTotal") / GiB);
+                                  std::to_string(meminfo_bytes("MemTotal") / GiB) + "|" +
+                                  std::to_string(measurement_revision);
   const std::uint64_t hash = fnv1a().add(description).value();
   char text[24];
   std::snprintf(text, sizeof text, "host-%016llx", static_cast<unsigned long long>(hash));

@@ -122,6 +122,11 @@ constexpr chunk_shares shares_of(const model_profile& model, const layout_summar
 
 }  // namespace detail
 
+/// The buffers an NVMe home's update pipeline keeps a chunk's working block in, from its gradient's reduction to its
+/// update (runtime/detail/nvme_update_pipeline.hpp: 3 scratch sets, up to 6 landing buffers): how many of the device
+/// cache's copies the updates can take while they trail backward.
+inline constexpr std::uint64_t nvme_update_buffers = 9;
+
 /// Memory of `Plan` at `device_blocks` blocks with `offloaded` resident chunks' optimizer states off the device.
 template <class Plan>
 constexpr memory_use predict_memory(const machine_profile& machine,
@@ -240,29 +245,55 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double state_bytes_on_nvme = static_cast<double>(s.state) *
                                      static_cast<double>((home_on_nvme ? streamed : 0) + (offload_on_nvme ? offloaded : 0));
   const double parameter_writes_to_nvme = home_on_nvme ? static_cast<double>(streamed * s.parameter) : 0.0;
-  // An fp32 update needs the chunk's parameters (its master weights). The runtime hands it the device cache's copy,
-  // fetched for backward, rather than read the drive again: beside backward every chunk's copy is at hand when its
-  // gradient is reduced (while the update's buffers last: measured 83% of them, GPT-2 4x512 on 2 cores, where the
-  // update trails backward); deferred to step(), only the chunks the cache still holds then, at most its blocks. A
-  // 16-bit update rewrites its working copy from the fp32 master in the states.
-  const std::uint64_t handed_over = s.updates_overlap ? streamed : std::min(streamed, device_blocks);
-  const double parameter_reads_from_nvme =
-      home_on_nvme && s.state_bytes_per_element == 8.0 ? static_cast<double>((streamed - handed_over) * s.parameter)
-                                                       : 0.0;
   // On the host backend the "device" is the CPU: the collectives' copies and waits and the host-device copies run
   // on the cores the passes compute on (every core is computing), so they add to compute rather than hide behind it
   // (measured at 2 thread ranks on 2 cores: per_tensor/sharded's 84 collectives a step cost 3.8 ms beside 9.6 ms of
   // compute). NVMe transfers are the drive's DMA and overlap, but their CPU time (the kernel's, the I/O thread's)
   // does not: it is taken from a core, and a parallel loop waits for its slowest thread, so the whole of it counts.
   const bool shared_cores = machine.kind == device_kind::host;
-  const double nvme_bytes = (home_on_nvme ? fetch_bytes : 0.0) + 2 * state_bytes_on_nvme + parameter_reads_from_nvme +
-                            parameter_writes_to_nvme;
-  const double moves = shared_cores ? t.compute + t.collective + t.host_to_device + t.device_to_host +
-                                          nvme_bytes * machine.nvme_cpu_seconds_per_byte
-                                    : 0.0;
-  const double phase = shared_cores ? std::max(moves, nvme_fetch + first_fetch)
-                                    : std::max({t.compute, t.collective, t.host_to_device, t.device_to_host,
-                                                nvme_fetch}) + first_fetch + first_gather;
+  const auto phase_moving = [&](double nvme_bytes) {
+    const double moves = shared_cores ? t.compute + t.collective + t.host_to_device + t.device_to_host +
+                                            nvme_bytes * machine.nvme_cpu_seconds_per_byte
+                                      : 0.0;
+    return shared_cores ? std::max(moves, nvme_fetch + first_fetch)
+                        : std::max({t.compute, t.collective, t.host_to_device, t.device_to_host, nvme_fetch}) +
+                              first_fetch + first_gather;
+  };
+  const double nvme_bytes_but_parameter_reads =
+      (home_on_nvme ? fetch_bytes : 0.0) + 2 * state_bytes_on_nvme + parameter_writes_to_nvme;
+  const double backward_share = s.flops > 0 ? s.backward_flops / s.flops : 0.0;
+  // The drive's time during backward that backward's own fetches leave to the updates beside it.
+  const auto drive_beside_backward = [&](double phase) {
+    return std::max(0.0, phase * backward_share - nvme_fetch * backward_share);
+  };
+  // An fp32 update needs the chunk's parameters (its master weights); a 16-bit one rewrites its working copy from
+  // the fp32 master in the states. The runtime hands the update the device cache's copy, fetched for backward,
+  // rather than read the drive again, where one of its nvme_update_buffers (scratch sets and landing buffers) is
+  // free for it when the gradient is reduced. Deferred to step(): the chunks the cache still holds, at most its
+  // blocks. Beside backward: every chunk while the updates keep up with backward (a chunk's update I/O within the
+  // drive time its share of backward leaves); where they trail it, the reduced chunks queue, the buffers are full
+  // after buffers / (1 - keep) chunks, and from then on a `keep` share of the chunks finds one free. (GPT-2 1.5B on
+  // this 2-core VM, where the drive bounds backward and the updates: 20% measured, 47% predicted; 4x512: 75%, 92%.)
+  std::uint64_t handed_over = std::min(streamed, device_blocks);
+  if (s.updates_overlap && streamed > 0) {
+    const double update_io = seconds(static_cast<double>(s.state * ranks), machine.nvme_read_bytes_per_second) +
+                             seconds(static_cast<double>((s.state + s.parameter) * ranks),
+                                     machine.nvme_write_bytes_per_second);
+    const double drive_per_chunk =
+        drive_beside_backward(phase_moving(nvme_bytes_but_parameter_reads)) / static_cast<double>(n);
+    const double keep = update_io > 0 ? std::min(1.0, drive_per_chunk / update_io) : 1.0;
+    const double chunks = static_cast<double>(streamed);
+    double handed = chunks;
+    if (keep < 1.0) {
+      const double filled = static_cast<double>(nvme_update_buffers) / (1.0 - keep);
+      if (filled < chunks) handed = filled + (chunks - filled) * keep;
+    }
+    handed_over = static_cast<std::uint64_t>(handed + 0.5);
+  }
+  const double parameter_reads_from_nvme =
+      home_on_nvme && s.state_bytes_per_element == 8.0 ? static_cast<double>((streamed - handed_over) * s.parameter)
+                                                       : 0.0;
+  const double phase = phase_moving(nvme_bytes_but_parameter_reads + parameter_reads_from_nvme);
 
   // The update: device kernel for resident chunks with states on device; host kernel for the rest, its cores shared
   // by every rank of the machine; NVMe streams states (and streamed parameters) in and out concurrently.
@@ -288,9 +319,7 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   // computes on (measured, GPT-2 12x768 on 2 cores: the passes 770 ms, the step 840), so only its NVMe traffic and
   // uploads hide.
   if (s.updates_overlap && n > 0) {
-    const double backward_share = s.flops > 0 ? s.backward_flops / s.flops : 0.0;
-    const double backward = phase * backward_share;
-    const double hidden = nvme_states > 0 ? std::max(0.0, backward - nvme_fetch * backward_share) : backward;
+    const double hidden = nvme_states > 0 ? drive_beside_backward(phase) : phase * backward_share;
     const double chunks = static_cast<double>(n);
     if (shared_cores) {
       const double update_traffic = std::max(nvme_states, upload);

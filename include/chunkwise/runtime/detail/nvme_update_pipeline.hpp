@@ -26,8 +26,10 @@
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/core/worker_threads.hpp>
+#include <chunkwise/plan/cost_model.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/runtime/home_view.hpp>
+#include <chunkwise/runtime/nvme_update_stats.hpp>
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
 
@@ -39,18 +41,6 @@
 #include <mutex>
 #include <span>
 #include <vector>
-
-namespace chunkwise {
-
-/// The optimizer updates of chunks with NVMe homes (runtime::nvme_updates()): updates run, how many found their blocks
-/// read ahead (prepared) rather than reading them then, the working blocks they needed: handed over from the device
-/// cache's copy, or read from the drive; and the bytes they read from the drive.
-struct nvme_update_stats {
-  std::uint64_t updates = 0, read_ahead = 0, params_handed_over = 0, params_read = 0;
-  byte_count bytes_read = 0;
-};
-
-}  // namespace chunkwise
 
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
@@ -64,6 +54,7 @@ class nvme_update_pipeline {
  public:
   static constexpr std::size_t max_sets = 3;  // one read ahead, one being updated, one being written back
   static constexpr std::size_t max_landings = 6;  // working blocks handed over while every set is busy
+  static_assert(max_sets + max_landings == nvme_update_buffers, "the cost model counts these buffers");
 
   /// `pinned`: the backend's pinned host tier (page-aligned, so its blocks serve O_DIRECT).
   template <class PinnedTier>
@@ -143,7 +134,7 @@ class nvme_update_pipeline {
           if (!failure_) failure_ = std::current_exception();
         }
         // Written (no read was queued behind it: that would have made it `reading`): free for a hand-over's copy.
-        std::lock_guard lock(mutex_);
+        std::lock_guard written_lock(mutex_);
         if (s.state == scratch::writing) s.state = scratch::idle;
       }));
     } catch (...) {
