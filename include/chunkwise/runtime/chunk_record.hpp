@@ -6,12 +6,15 @@
 #include <chunkwise/collective/pending.hpp>
 #include <chunkwise/collective/shard.hpp>
 #include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/error.hpp>
 #include <chunkwise/runtime/chunk_state.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <span>
+#include <string>
 
 namespace chunkwise {
 
@@ -45,3 +48,27 @@ struct chunk_record {
 };
 
 }  // namespace chunkwise
+
+namespace chunkwise::detail {
+
+/// step() needs every chunk's gradient handed over: after the iteration's last backward pass each is grad_pending
+/// (or already reduced).
+template <communicator Comm>
+void require_backward_done(std::span<const chunk_record<Comm>> chunks) {
+  for (const auto& b : chunks)
+    if (b.life.state() != chunk_state::grad_pending && b.life.state() != chunk_state::reduced)
+      raise(error_code::illegal_state, "runtime::step: chunk " + std::to_string(b.index) + " is " +
+                                           std::string(to_string(b.life.state())) +
+                                           ", not grad_pending: run every backward pass (acquire and release) "
+                                           "before step()");
+}
+
+/// The life-cycle counts of all chunks together.
+template <communicator Comm>
+chunk_statistics total_statistics(std::span<const chunk_record<Comm>> chunks) {
+  chunk_statistics total;
+  for (const auto& b : chunks) total += b.life.statistics();
+  return total;
+}
+
+}  // namespace chunkwise::detail

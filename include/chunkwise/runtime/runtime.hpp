@@ -21,7 +21,6 @@
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/abi.hpp>
-#include <chunkwise/core/error.hpp>
 #include <chunkwise/layout/chunk_map.hpp>
 #include <chunkwise/plan/plan.hpp>
 #include <chunkwise/profile/model_profile.hpp>
@@ -34,19 +33,16 @@
 #include <chunkwise/runtime/detail/tensor_access.hpp>
 #include <chunkwise/runtime/gradient_pipeline.hpp>
 #include <chunkwise/runtime/home_storage.hpp>
+#include <chunkwise/runtime/nvme_update_stats.hpp>
 #include <chunkwise/runtime/optimizer_stage.hpp>
 #include <chunkwise/runtime/options.hpp>
 #include <chunkwise/runtime/parameter_fetches.hpp>
 #include <chunkwise/runtime/pass_guard.hpp>
-#include <chunkwise/tier/pinned_host.hpp>
 
-#include <algorithm>
 #include <cstdint>
-#include <exception>
 #include <filesystem>
 #include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
 namespace chunkwise::inline CHUNKWISE_ABI {
@@ -123,10 +119,7 @@ class runtime {
         b.life.evict();
         fetches_.drop(b);
       }
-      if (gradients_.handed_over(b)) {
-        b.life.handed_over();
-        start_reduction(b);
-      }
+      reduce_if_handed_over(b);
     }
     progress();
   }
@@ -136,10 +129,7 @@ class runtime {
   void grad_ready(std::uint32_t tensor) {
     auto& b = chunks_[chunk_of(tensor)];
     gradients_.grad_ready(tensor, b, model_.tensors[tensor].name.view());
-    if (gradients_.handed_over(b)) {
-      b.life.handed_over();
-      start_reduction(b);
-    }
+    reduce_if_handed_over(b);
   }
 
   /// Acquires a pass's chunks for the guard's lifetime: `auto in_use = rt.use(pass);` (runtime/pass_guard.hpp).
@@ -177,9 +167,7 @@ class runtime {
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.
-  void zero_grad() {
-    for (auto& b : chunks_) b.gradient.zero();
-  }
+  void zero_grad() { for (auto& b : chunks_) b.gradient.zero(); }
 
   /// Ends the iteration with learning rate lr: every chunk's AdamW update (runtime_options::learning_rate unset).
   void step(float lr) {
@@ -239,11 +227,7 @@ class runtime {
   [[nodiscard]] tier_stats device_stats() const noexcept { return device_.stats(); }
   [[nodiscard]] tier_stats host_stats() const noexcept { return host_.stats(); }
 
-  [[nodiscard]] chunk_statistics statistics() const {
-    chunk_statistics total;
-    for (const auto& b : chunks_) total += b.life.statistics();
-    return total;
-  }
+  [[nodiscard]] chunk_statistics statistics() const { return detail::total_statistics<Comm>(chunks_); }
 
  private:
   // ---- the step ----
@@ -253,6 +237,11 @@ class runtime {
     gradients_.start(b, reduced_sink());
     fetches_.drop(b);
   }
+  void reduce_if_handed_over(record& b) {
+    if (!gradients_.handed_over(b)) return;
+    b.life.handed_over();
+    start_reduction(b);
+  }
   // Each reduced chunk goes to the optimizer stage at once (its update may start beside backward).
   auto reduced_sink() {
     return [this](record& b) { optimizer_.reduced(b, steps_ + 1); };
@@ -260,11 +249,7 @@ class runtime {
   void progress() { gradients_.progress(reduced_sink()); }
 
   void finish_step(std::optional<float> lr) {
-    for (const auto& b : chunks_)
-      if (b.life.state() != chunk_state::grad_pending && b.life.state() != chunk_state::reduced)
-        detail::raise(error_code::illegal_state,
-                      "runtime::step: chunk " + std::to_string(b.index) + " is " + std::string(to_string(b.life.state())) +
-                          ", not grad_pending: run every backward pass (acquire and release) before step()");
+    detail::require_backward_done<Comm>(chunks_);
     gradients_.finish(reduced_sink());
     if (optimizer_.finish(steps_ + 1, lr)) ++steps_;  // a step skipped for overflow does not count
     for (auto& b : chunks_) b.life.updated(/*on_device=*/!collective::shards_parameters && !homes_.streamed(b.index));
