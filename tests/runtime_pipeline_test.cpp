@@ -25,10 +25,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <csignal>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <string>
 #include <thread>
@@ -790,6 +792,57 @@ TEST_CASE("a working block handed over while every scratch set is busy waits in 
     pipeline.drain();
     CHECK(pipeline.stats().params_handed_over == 2);
     pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[0] == 10.0f); });
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a hand-over's copy runs outside the pipeline's lock; an update waits for the one set it claims") {
+  // One scratch set (the pinned budget holds no more, so no landing buffers either). While chunk 1's cached working
+  // block (5s; the drive holds 1s) is copied into that set, the pipeline answers other threads, and chunk 0's update,
+  // on another thread, waits for the set; it then drops chunk 1's read ahead, so chunk 1's update reads the drive.
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-claim-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr std::size_t chunks = 2, elements = 1024;
+  constexpr byte_count bytes = elements * sizeof(float);
+  nvme_options store_options;
+  store_options.directory = dir;
+  store_options.block_bytes = bytes;
+  store_options.capacity = 3 * chunks * bytes;
+  {
+    nvme_tier store(store_options);
+    pinned_host_tier pinned(3 * bytes);  // one set: working block and two moments
+    std::vector<detail::nvme_chunk_state> states;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
+                                 elements, elements, 0};
+      detail::tier_buffer staging(pinned, elements);
+      std::fill_n(staging.data(), elements, static_cast<float>(c));
+      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
+      states.push_back(h);
+    }
+    detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
+    REQUIRE(pipeline.scratch_sets() == 1);
+    const auto add_one = [](const home_view& v) {
+      for (auto& x : v.master) x += 1.0f;
+    };
+    const std::vector<float> cached(elements, 5.0f);
+    std::future<nvme_update_stats> stats_during_copy;  // outside the copy: a blocked call must not hang the test
+    std::future<void> update_0;
+    pipeline.prepare(1, [&](std::byte* destination) {
+      stats_during_copy = std::async(std::launch::async, [&] { return pipeline.stats(); });
+      CHECK(stats_during_copy.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+      update_0 = std::async(std::launch::async, [&] { pipeline.update(0, add_one, nullptr); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // chunk 0's update finds the set claimed
+      std::memcpy(destination, cached.data(), bytes);
+    });
+    update_0.get();
+    pipeline.update(1, add_one, nullptr);
+    pipeline.drain();
+    CHECK(pipeline.stats().updates == 2);
+    CHECK(pipeline.stats().params_handed_over == 1);
+    CHECK(pipeline.stats().params_read == 2);  // chunk 0's, and chunk 1's after its read ahead was dropped
+    pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[elements - 1] == 1.0f); });
+    pipeline.visit(1, false, [&](const home_view& v) { CHECK(v.master[0] == 2.0f); });
   }
   std::filesystem::remove_all(dir);
 }

@@ -33,6 +33,7 @@
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/pinned_host.hpp>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -97,23 +98,29 @@ class nvme_update_pipeline {
     if (holding(c) != nullptr) return;
     if (scratch* s = idle_set()) start_read(*s, c);
   }
+  // The copy (a block-sized memcpy, or a device-to-host copy) runs outside the lock, into a buffer claimed under
+  // it: the I/O thread and the updates go on meanwhile. No read for c can look for the buffer before this returns:
+  // c's read is queued here or by its own update, which is submitted after this call (on the same thread as
+  // drain()).
   template <class CopyWorkingBlock>
   void prepare(std::uint32_t c, CopyWorkingBlock&& copy) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     if (holding(c) != nullptr) return;
     if (reads_working_block(c) && landed(c) == nullptr) {
       if (scratch* s = free_set()) {
-        copy(s->param.data<std::byte>());
+        s->state = scratch::updating;  // claimed: no read ahead or update takes it while the copy runs
+        copy_unlocked(lock, copy, s->param, [&] { s->state = scratch::idle; });
         ++stats_.params_handed_over;
         return start_read(*s, c, /*param_ready=*/true);
       }
       if (landing* l = free_landing()) {
-        copy(l->param.data<std::byte>());
-        l->chunk = c;
+        l->chunk = c;  // claimed
+        copy_unlocked(lock, copy, l->param, [&] { l->chunk = landing::none; });
         ++stats_.params_handed_over;
       }
     }
-    if (scratch* s = idle_set()) start_read(*s, c);
+    lock.unlock();
+    prepare(c);
   }
 
   template <class F>
@@ -261,6 +268,22 @@ class nvme_update_pipeline {
       if (l.chunk == c) return &l;
     return nullptr;
   }
+  // With `lock` held on entry and on return: copy(destination) without it; a copy that throws gives the buffer back.
+  template <class CopyWorkingBlock, class Release>
+  void copy_unlocked(std::unique_lock<std::mutex>& lock, CopyWorkingBlock& copy, tier_buffer& destination,
+                     Release release) {
+    lock.unlock();
+    try {
+      copy(destination.data<std::byte>());
+    } catch (...) {
+      lock.lock();
+      release();
+      copied_.notify_all();
+      throw;
+    }
+    lock.lock();
+    copied_.notify_all();
+  }
   // On the I/O thread, reading for chunk c's update: its handed-over working block, if any, becomes the set's.
   bool take_landing(scratch& s, std::uint32_t c) {
     std::lock_guard lock(mutex_);
@@ -295,6 +318,10 @@ class nvme_update_pipeline {
           busy = candidate.get();
           break;
         }
+      if (busy == nullptr) {  // the one set left is taking a hand-over's copy (prepare): its read comes next
+        copied_.wait(lock);
+        continue;
+      }
       std::future<void> io = std::move(busy->io);
       busy->state = scratch::updating;  // held by this call while the lock is released
       lock.unlock();
@@ -314,6 +341,7 @@ class nvme_update_pipeline {
   std::vector<std::unique_ptr<scratch>> sets_;
   std::vector<landing> landings_;
   mutable std::mutex mutex_;
+  std::condition_variable copied_;  // a hand-over's copy finished: the set it claimed is reading (or idle again)
   nvme_update_stats stats_;
   std::exception_ptr failure_;  // the first write-back that failed, until drain()
   worker_threads io_{1};        // last: destroyed first, after finishing what it was given
