@@ -183,6 +183,31 @@ void for_each_plan(auto&& f) {
   for_each_plan<Plans>(std::make_index_sequence<Plans::size>{}, f);
 }
 
+// A store for `chunks` fp32 chunks of `bytes`: their working blocks and moments.
+nvme_options options_for_fp32_chunks(const std::filesystem::path& dir, std::size_t chunks, byte_count bytes) {
+  nvme_options options;
+  options.directory = dir;
+  options.block_bytes = bytes;
+  options.capacity = 3 * chunks * bytes;
+  return options;
+}
+
+// fp32 chunks of `elements` in an NVMe store, chunk c's working block and moments all c (staged through `pinned`).
+std::vector<detail::nvme_chunk_state> write_fp32_chunks(nvme_tier& store, pinned_host_tier& pinned, std::size_t chunks,
+                                                        std::size_t elements) {
+  const byte_count bytes = elements * sizeof(float);
+  std::vector<detail::nvme_chunk_state> states;
+  for (std::size_t c = 0; c < chunks; ++c) {
+    detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
+                               elements, elements, 0};
+    detail::tier_buffer staging(pinned, elements);
+    std::fill_n(staging.data(), elements, static_cast<float>(c));
+    for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
+    states.push_back(h);
+  }
+  return states;
+}
+
 }  // namespace
 
 TEST_CASE("every default plan at 1, 2 and 4 ranks trains the toy to the reference, with and without overlap") {
@@ -610,25 +635,12 @@ TEST_CASE("NVMe updates read the next chunk ahead and write the last one back be
   constexpr std::size_t chunks = 4, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
   auto faults = std::make_shared<testing::nvme_fault_injector>();
-  nvme_options store_options;
-  store_options.directory = dir;
-  store_options.block_bytes = bytes;
-  store_options.capacity = 3 * chunks * bytes;
+  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
   store_options.faults = faults;
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(64 * MiB);
-    std::vector<detail::nvme_chunk_state> states;
-    std::vector<float> values(elements);
-    for (std::size_t c = 0; c < chunks; ++c) {
-      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
-                                 elements, elements, 0};
-      std::fill(values.begin(), values.end(), static_cast<float>(c));
-      detail::tier_buffer staging(pinned, elements);
-      std::copy(values.begin(), values.end(), staging.data());
-      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
-      states.push_back(h);
-    }
+    const auto states = write_fp32_chunks(store, pinned, chunks, elements);
     detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
     REQUIRE(pipeline.scratch_sets() == 3);
     // Two steps of a deferred loop: chunk c + 1 is prepared while c updates (master += 1, moment1 += c).
@@ -750,22 +762,11 @@ TEST_CASE("a working block handed over while every scratch set is busy waits in 
   std::filesystem::create_directories(dir);
   constexpr std::size_t chunks = 4, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
-  nvme_options store_options;
-  store_options.directory = dir;
-  store_options.block_bytes = bytes;
-  store_options.capacity = 3 * chunks * bytes;
+  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(64 * MiB);
-    std::vector<detail::nvme_chunk_state> states;
-    for (std::size_t c = 0; c < chunks; ++c) {
-      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
-                                 elements, elements, 0};
-      detail::tier_buffer staging(pinned, elements);
-      std::fill_n(staging.data(), elements, static_cast<float>(c));
-      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
-      states.push_back(h);
-    }
+    const auto states = write_fp32_chunks(store, pinned, chunks, elements);
     detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
     REQUIRE(pipeline.scratch_sets() == 3);
     const std::vector<float> cached(elements, 5.0f);
@@ -804,22 +805,11 @@ TEST_CASE("a hand-over's copy runs outside the pipeline's lock; an update waits 
   std::filesystem::create_directories(dir);
   constexpr std::size_t chunks = 2, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
-  nvme_options store_options;
-  store_options.directory = dir;
-  store_options.block_bytes = bytes;
-  store_options.capacity = 3 * chunks * bytes;
+  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(3 * bytes);  // one set: working block and two moments
-    std::vector<detail::nvme_chunk_state> states;
-    for (std::size_t c = 0; c < chunks; ++c) {
-      detail::nvme_chunk_state h{store.allocate_sync(bytes), {}, store.allocate_sync(bytes), store.allocate_sync(bytes),
-                                 elements, elements, 0};
-      detail::tier_buffer staging(pinned, elements);
-      std::fill_n(staging.data(), elements, static_cast<float>(c));
-      for (const auto block : {h.param, h.moment1, h.moment2}) store.write(block, staging.data(), bytes);
-      states.push_back(h);
-    }
+    const auto states = write_fp32_chunks(store, pinned, chunks, elements);
     detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
     REQUIRE(pipeline.scratch_sets() == 1);
     const auto add_one = [](const home_view& v) {
