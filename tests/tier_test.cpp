@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -234,6 +235,8 @@ TEST_CASE("one NVMe store serves reads and writes from several threads at once")
     for (int b = 0; b < 8; ++b) blocks.push_back(store.allocate_sync(bytes));
     std::vector<std::thread> workers;
     std::vector<int> good(4, 0);
+    std::vector<double> call_seconds(4, 0.0);  // each thread's time inside the store's calls
+    const auto start = std::chrono::steady_clock::now();
     for (int t = 0; t < 4; ++t) {
       workers.emplace_back([&, t] {
         void* buffer = pinned.allocate_sync(padded, 4096);
@@ -241,9 +244,14 @@ TEST_CASE("one NVMe store serves reads and writes from several threads at once")
           for (int b : {t, t + 4}) {
             const std::uint64_t seed = 1000u * static_cast<std::uint64_t>(round) + static_cast<std::uint64_t>(b);
             fill_random(buffer, bytes, seed);
+            const auto before_write = std::chrono::steady_clock::now();
             store.write(blocks[b], buffer, bytes);
+            const auto after_write = std::chrono::steady_clock::now();
             std::memset(buffer, 0, padded);
+            const auto before_read = std::chrono::steady_clock::now();
             store.read(blocks[b], buffer, bytes);
+            call_seconds[t] += std::chrono::duration<double>(after_write - before_write).count() +
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - before_read).count();
             good[t] += matches_random(buffer, bytes, seed) ? 1 : 0;
           }
         }
@@ -251,10 +259,53 @@ TEST_CASE("one NVMe store serves reads and writes from several threads at once")
       });
     }
     for (auto& worker : workers) worker.join();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (int t = 0; t < 4; ++t) CHECK(good[t] == 10);
     CHECK(store.stats().bytes_written == 40 * bytes);
+    // The drive's busy time counts overlapping calls once: within the wall time, at least the longest thread's
+    // calls, at most all threads' calls together.
+    const double busy = store.stats().busy_seconds;
+    CHECK(busy <= wall);
+    CHECK(busy >= *std::max_element(call_seconds.begin(), call_seconds.end()) * 0.99);
+    CHECK(busy <= (call_seconds[0] + call_seconds[1] + call_seconds[2] + call_seconds[3]) * 1.01);
     for (auto block : blocks) store.deallocate_sync(block);
   }
+}
+
+namespace {
+struct manual_clock {
+  using duration = std::chrono::milliseconds;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = std::chrono::time_point<manual_clock>;
+  static constexpr bool is_steady = true;
+  static inline time_point current{};
+  static time_point now() noexcept { return current; }
+  static void at(int ms) { current = time_point(duration(ms)); }
+};
+}  // namespace
+
+TEST_CASE("a drive's busy clock counts overlapping requests once and idle gaps not at all") {
+  detail::basic_busy_clock<manual_clock> clock;
+  manual_clock::at(0);
+  {
+    const auto a = clock.busy();  // 0..80 ms
+    manual_clock::at(20);
+    {
+      const auto b = clock.busy();  // 20..50 ms, inside a
+      manual_clock::at(50);
+    }
+    CHECK(clock.seconds() == doctest::Approx(0.050));  // still open: a's interval so far
+    manual_clock::at(80);
+  }
+  CHECK(clock.seconds() == doctest::Approx(0.080));
+  manual_clock::at(200);  // idle 80..200 ms
+  CHECK(clock.seconds() == doctest::Approx(0.080));
+  {
+    const auto c = clock.busy();  // 200..230 ms
+    manual_clock::at(230);
+  }
+  CHECK(clock.seconds() == doctest::Approx(0.110));
 }
 
 TEST_CASE("a corrupted NVMe block is reported by its checksum, never returned as data") {

@@ -9,7 +9,7 @@
 # Last line: overlap streamed_over_resident=R clipped_streamed_over_streamed=C clipped_nvme_over_nvme=N
 # (goal: R <= 1.10; C and N: what exact clipping's deferred updates cost). The line before it gives the cost
 # model's R for this machine: on the host backend the copies share the cores with compute and cannot all hide.
-# Step time: the trainer's median step after the first (cold) one.
+# Step time: the trainer's median step after the first (cold) one; measured and predicted: medians over ROUNDS runs.
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-20}"
@@ -23,11 +23,14 @@ python3 - "$trainer" "$steps" "$ranks" "$@" <<'PY'
 import os, re, statistics, subprocess, sys
 trainer, steps, ranks, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 # The resident plan with the machine's memory; the streamed one under the trainer's default device budget (32 MiB
-# a rank, a third of the default model's training state), so its cache holds only some of the chunks.
-resident = ["--device-budget", "0", "--plan", "min_waste/resident/replicated/follows_home"]
-streamed = ["--device-budget", "32MiB", "--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
+# a rank, a third of the default model's training state), so its cache holds only some of the chunks. Every
+# configuration recomputes its blocks' activations in backward, as the streamed ones must to fit 32 MiB, so the
+# ratios compare the chunks' traffic and not activation checkpointing's extra forward (a third more compute).
+same_activations = ["--recompute", "on"]
+resident = same_activations + ["--device-budget", "0", "--plan", "min_waste/resident/replicated/follows_home"]
+streamed = same_activations + ["--device-budget", "32MiB", "--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
 # NVMe homes: each update reads and writes its chunk's states on the store, beside backward or (clipping) after it.
-nvme = ["--device-budget", "32MiB", "--plan", "min_waste/cached<nvme>/sharded/follows_home"]
+nvme = same_activations + ["--device-budget", "32MiB", "--plan", "min_waste/cached<nvme>/sharded/follows_home"]
 configs = [
     ("resident", resident),
     ("streamed", streamed),
@@ -38,18 +41,21 @@ configs = [
 ]
 rounds = int(os.environ.get("ROUNDS", "3"))
 samples = {name: [] for name, _ in configs}
-predicted = {}
+predictions = {name: [] for name, _ in configs}  # each run calibrates its compute rate: medians, as the steps
 moved = {}
 for r in range(rounds):
     for name, flags in (configs if r % 2 == 0 else list(reversed(configs))):
         out = subprocess.run([trainer, "--steps", steps, "--eval-every", steps, "--ranks", ranks]
                              + flags + extra, capture_output=True, text=True, check=True).stdout
         samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)))
-        predicted[name] = float(re.search(r"\(predicted ([0-9.]+) ms\)", out).group(1))
+        predictions[name].append(float(re.search(r"\(predicted ([0-9.]+) ms\)", out).group(1)))
         moved[name] = re.search(r"^moved \(rank 0, [0-9]+ steps\): (.*)$", out, re.M).group(1)
         stall = re.search(r"stalled ([0-9.]+ ms)", out)
         if stall: moved[name] += f"; cache stalled {stall.group(1)}"
+        drive = re.search(r"the drive ran at ([0-9.]+x) its profiled rate", out)
+        if drive: moved[name] += f"; drive at {drive.group(1)} its profiled rate"
 median = {name: statistics.median(v) for name, v in samples.items()}
+predicted = {name: statistics.median(v) for name, v in predictions.items()}
 print(f"{'configuration':22s} {'median step ms':>15s} {'predicted':>10s}  moved (rank 0, whole run)")
 for name, _ in configs:
     print(f"{name:22s} {median[name]:15.1f} {predicted[name]:10.1f}  {moved[name]}")

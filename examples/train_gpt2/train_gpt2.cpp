@@ -438,11 +438,17 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
 
 /// A rank's part of the run, whatever runs it (a thread, a process): the plan's knobs, the device budget per rank
 /// and the initial parameters.
+/// The machine profile's NVMe rates (bytes per second), which the prediction used.
+struct drive_rates {
+  double read = 0, write = 0;
+};
+
 struct rank_setup {
   const options& o;
   const model_profile& model;
   byte_count device_budget;
   const prediction& chosen;
+  drive_rates drive;
   const tensor_initializer& initialize;
 };
 
@@ -503,8 +509,9 @@ class progress_log {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const double tokens = static_cast<double>((step - first_step_ + 1) * o_.model.batch *
                                               static_cast<std::size_t>(o_.ranks) * o_.model.context);
-    if (step == first_step_) first_loss_ = loss;
+    if (step == first_step_) first_loss_ = loss, first_home_ = rt.home_stats();
     last_loss_ = loss;
+    last_home_ = rt.home_stats();
     std::string extra;
     if (o_.clip > 0.0f) extra += "  norm " + std::to_string(rt.last_grad_norm()).substr(0, 6);
     if (o_.type == dtype::fp16) extra += "  loss scale " + std::to_string(static_cast<long>(rt.loss_scale()));
@@ -522,7 +529,7 @@ class progress_log {
 
   /// The losses, the bytes moved, the median step against the prediction, peaks and the device cache.
   template <class Runtime>
-  void summary(const Runtime& rt, const prediction& chosen) const {
+  void summary(const Runtime& rt, const prediction& chosen, drive_rates drive) const {
     if (step_seconds_.empty()) return;
     const std::size_t steps = step_seconds_.size();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -564,11 +571,31 @@ class progress_log {
                   format_bytes(nvme.bytes_read / steps).c_str(),
                   static_cast<unsigned long long>(nvme.params_handed_over),
                   static_cast<unsigned long long>(nvme.params_read));
+    print_drive(chosen, drive);
   }
 
  private:
+  /// The NVMe home store over the steps after the first, against the cost model's drive term: its bytes at the
+  /// profile's rates, time-shared. A drive whose rate moved since it was measured shows here, apart from the model.
+  void print_drive(const prediction& chosen, drive_rates drive) const {
+    const auto steps = static_cast<double>(step_seconds_.size() - 1);
+    const double busy = last_home_.busy_seconds - first_home_.busy_seconds;
+    if (steps < 1 || busy <= 0 || drive.read <= 0 || drive.write <= 0) return;
+    const double read = static_cast<double>(last_home_.bytes_read - first_home_.bytes_read) / steps;
+    const double written = static_cast<double>(last_home_.bytes_written - first_home_.bytes_written) / steps;
+    const double at_profile = read / drive.read + written / drive.write;
+    char model[64] = "";  // the model's drive time is the whole machine's: rank 0's alone only with one rank
+    if (o_.ranks == 1) std::snprintf(model, sizeof model, " (the cost model's drive time: %.1f ms)", chosen.time.nvme * 1e3);
+    std::printf("NVMe drive (rank 0, the steps after the first): busy %.1f ms a step, reading %s and writing %s; at "
+                "the profile's rates (read %.2f, write %.2f GB/s) that is %.1f ms%s: the drive ran at %.2fx its "
+                "profiled rate\n", busy / steps * 1e3, format_bytes(static_cast<byte_count>(read)).c_str(),
+                format_bytes(static_cast<byte_count>(written)).c_str(), drive.read / 1e9, drive.write / 1e9,
+                at_profile * 1e3, model, at_profile / (busy / steps));
+  }
+
   const options& o_;
   std::size_t first_step_;
+  tier_stats first_home_, last_home_;  // the NVMe home store after the first step and after the last
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::vector<double> step_seconds_;
   float first_loss_ = 0, last_loss_ = 0, last_validation_ = 0;
@@ -713,7 +740,7 @@ void train_rank(const rank_setup& setup, Comm& comm, HostComm& host_comm) {
       }
     }
   }
-  if (r == 0) log.summary(rt, setup.chosen);
+  if (r == 0) log.summary(rt, setup.chosen, setup.drive);
 
   if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
     std::vector<std::vector<float>> trained;
@@ -790,6 +817,7 @@ struct run_decision {
   std::uint64_t plan = 0;  // the index in gpt2::trainable_plans
   byte_count device_budget = 0;
   prediction chosen;
+  drive_rates drive;
 };
 static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to the processes");
 
@@ -924,7 +952,8 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   });
   std::printf("\n");
   run_decision decision{.ok = true, .recompute = o.model.recompute, .plan = chosen,
-                        .device_budget = machine.device_memory, .chosen = plans[chosen]};
+                        .device_budget = machine.device_memory, .chosen = plans[chosen],
+                        .drive = {machine.nvme_read_bytes_per_second, machine.nvme_write_bytes_per_second}};
   return decision;
 }
 
@@ -1020,7 +1049,7 @@ int main(int argc, char** argv) {
         imported.empty() ? gpt2::initializer(o.model, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
           std::copy(imported[t].begin(), imported[t].end(), values.begin());
         };
-    const rank_setup setup{o, model, decision.device_budget, decision.chosen, initialize};
+    const rank_setup setup{o, model, decision.device_budget, decision.chosen, decision.drive, initialize};
     training = true;
     dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
 #if CHUNKWISE_HAS_MPI

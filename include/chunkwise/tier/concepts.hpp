@@ -34,6 +34,8 @@ struct tier_stats {
   byte_count peak = 0;
   byte_count bytes_read = 0;
   byte_count bytes_written = 0;
+  /// File-backed tiers: seconds with at least one read or write in flight (0 elsewhere).
+  double busy_seconds = 0;
 };
 
 /// The stream of a tier whose allocations need no ordering (the NVMe store: its blocks are bookkeeping only).

@@ -24,6 +24,7 @@
 #include <chunkwise/core/checksum.hpp>
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/detail/budget.hpp>
+#include <chunkwise/tier/detail/busy_clock.hpp>
 #include <chunkwise/testing/nvme_faults.hpp>
 
 #include <fcntl.h>
@@ -145,7 +146,11 @@ class nvme_tier {
     free_slots_.push_back(block.slot);
     budget_.release(slot_bytes_);
   }
-  [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
+  [[nodiscard]] tier_stats stats() const noexcept {
+    tier_stats s = budget_.stats();
+    s.busy_seconds = busy_.seconds();
+    return s;
+  }
   [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
   // The store counts its own traffic in read/write; these exist for the concept and for callers that bypass them.
   void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
@@ -491,6 +496,7 @@ class nvme_tier {
 
   void run_io(nvme_block block, void* buffer, byte_count bytes, bool writing) {
     const auto segments = segments_of(block, buffer, bytes);
+    const auto busy = busy_.busy();
 #if CHUNKWISE_HAS_URING
     if (active_path_ == nvme_io_path::io_uring) return run_uring(block, segments, writing);
 #endif
@@ -645,6 +651,7 @@ class nvme_tier {
   std::uint32_t slots_;
   std::uint32_t segments_per_slot_;
   detail::byte_budget budget_;
+  detail::busy_clock busy_;  // what measure_nvme's rates time too: the calls, checksums included
   std::filesystem::path file_;
   int fd_ = -1;
   bool direct_io_active_ = false;
