@@ -837,6 +837,45 @@ TEST_CASE("a hand-over's copy runs outside the pipeline's lock; an update waits 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a hand-over's copy that fails gives its buffer back; the update reads the drive and loses nothing") {
+  // A device-to-host copy can fail (a CUDA error). The failure reaches the caller; the scratch set or landing buffer
+  // the copy claimed is free again, and the chunk's update reads its working block from the drive, which the failed
+  // copy never touched. First into a free set (chunk 0), then, with every set busy, into a landing buffer (chunk 3).
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-copy-fault-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  constexpr std::size_t chunks = 4, elements = 1024;
+  constexpr byte_count bytes = elements * sizeof(float);
+  const auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
+  {
+    nvme_tier store(store_options);
+    pinned_host_tier pinned(64 * MiB);
+    const auto states = write_fp32_chunks(store, pinned, chunks, elements);
+    detail::nvme_update_pipeline pipeline(store, pinned, states, dtype::fp32, bytes, bytes);
+    REQUIRE(pipeline.scratch_sets() == 3);
+    const auto failing_copy = [](std::byte* destination) {
+      std::memset(destination, 0xff, bytes / 2);  // half copied, then the copy fails
+      throw error(error_code::io_error, "device-to-host copy failed (injected)");
+    };
+    const auto add_one = [](const home_view& v) {
+      for (auto& x : v.master) x += 1.0f;
+    };
+    CHECK_THROWS_WITH(pipeline.prepare(0, failing_copy), doctest::Contains("injected"));
+    for (std::uint32_t c = 0; c < 3; ++c) pipeline.prepare(c);  // every set reads ahead: chunk 3's copy lands
+    CHECK_THROWS_WITH(pipeline.prepare(3, failing_copy), doctest::Contains("injected"));
+    for (std::uint32_t c = 0; c < chunks; ++c) pipeline.update(c, add_one, nullptr);
+    pipeline.drain();
+    CHECK(pipeline.stats().updates == chunks);
+    CHECK(pipeline.stats().params_handed_over == 0);
+    CHECK(pipeline.stats().params_read == chunks);
+    for (std::uint32_t c = 0; c < chunks; ++c)
+      pipeline.visit(c, false, [&](const home_view& v) {
+        CAPTURE(c);
+        CHECK(std::all_of(v.master.begin(), v.master.end(), [&](float x) { return x == static_cast<float>(c) + 1; }));
+      });
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a bf16 update that owns its whole home does not read the working block it rewrites") {
   // Chunk 0 owns its whole home (replicated, ZeRO-3): its update reads master weights and moments only. Chunk 1 owns
   // the second half (ZeRO-2): its update reads the working block too, whose first half it must keep.
