@@ -22,6 +22,14 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(measured.host_to_device_bytes_per_second > 1e8);
   CHECK(measured.nvme_read_bytes_per_second > 1e6);
   CHECK(measured.nvme_write_bytes_per_second > 1e6);
+  // By block size: 1, 4, 16 and 64 MiB; the flat rates are the 16 MiB ones, and the cost model's lookups follow.
+  REQUIRE(measured.nvme_read_by_block.count == 4);
+  REQUIRE(measured.nvme_write_by_block.count == 4);
+  CHECK(measured.nvme_read_by_block.points[0].message_bytes == 1 * MiB);
+  CHECK(measured.nvme_write_by_block.points[3].message_bytes == 64 * MiB);
+  CHECK(measured.nvme_read_by_block.points[2].bytes_per_second == measured.nvme_read_bytes_per_second);
+  CHECK(nvme_write_rate(measured, 16 * MiB) == measured.nvme_write_bytes_per_second);
+  CHECK(nvme_read_rate(measured, 1 * MiB) == measured.nvme_read_by_block.points[0].bytes_per_second);
   CHECK(measured.nvme_capacity > 0);
   CHECK(measured.nvme_cpu_seconds_per_byte > 0);  // submitting and completing I/O costs the CPU something
   CHECK(measured.nvme_cpu_seconds_per_byte < 1e-8);  // and far less than 10 s per GB
@@ -46,6 +54,8 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(cached.device_memory == measured.device_memory * 2);  // the same machine, split over one rank
   CHECK(cached.all_gather.at(8 * MiB) == measured.all_gather.at(8 * MiB));
   CHECK(cached.collective_latency_seconds == measured.collective_latency_seconds);
+  CHECK(cached.nvme_read_by_block.at(4 * MiB) == measured.nvme_read_by_block.at(4 * MiB));
+  CHECK(cached.nvme_write_by_block.count == 4);
   CHECK(cached.fingerprint == measured.fingerprint);
   std::filesystem::remove_all(dir);
 }

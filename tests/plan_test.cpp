@@ -452,6 +452,36 @@ TEST_CASE("an fp32 NVMe update that trails backward finds fewer of the device ca
   CHECK(slower > slow);
 }
 
+TEST_CASE("an NVMe plan's drive time takes the drive's rates at its block size") {
+  // A drive whose small blocks run slower: the NVMe time of the same plan and chunks follows the rate at the plan's
+  // block (one fp32 array of a chunk's share), and the flat rates where the profile has no curve.
+  using streamed_from_nvme = plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>;
+  auto machine = describe_machine({.gpus = 1, .gpu_memory = 2 * GiB, .host_memory = 64 * GiB});
+  detail::chunk_shares shares;  // 10 fp32 chunks of 1 MiB: parameters, gradients, then m and v (2 MiB)
+  shares.chunks = 10;
+  shares.chunk_bytes = shares.average_bytes = shares.parameter = shares.gradient = 1 * MiB;
+  shares.rest_parameter = shares.rest_average_parameter = shares.first_parameter = 1 * MiB;
+  shares.state = 2 * MiB;
+  shares.state_bytes_per_element = 8;
+  shares.flops = 1e9;
+  const auto predict = [&] { return predict_time<streamed_from_nvme>(machine, shares, 5, 0, 15); };
+  const auto flat = predict();
+  REQUIRE(flat.nvme > 0);
+  // At the plan's 1 MiB block the curve says half the flat rates; from 64 MiB on, the flat rates.
+  machine.nvme_read_by_block.add(1 * MiB, machine.nvme_read_bytes_per_second / 2);
+  machine.nvme_read_by_block.add(64 * MiB, machine.nvme_read_bytes_per_second);
+  machine.nvme_write_by_block.add(1 * MiB, machine.nvme_write_bytes_per_second / 2);
+  machine.nvme_write_by_block.add(64 * MiB, machine.nvme_write_bytes_per_second);
+  CHECK(nvme_read_rate(machine, 1 * MiB) == machine.nvme_read_bytes_per_second / 2);
+  CHECK(nvme_write_rate(machine, 128 * MiB) == machine.nvme_write_bytes_per_second);
+  CHECK(predict().nvme == doctest::Approx(2 * flat.nvme).epsilon(1e-9));
+  shares.parameter = shares.gradient = 64 * MiB;  // chunks of 64 MiB: the curve's flat end
+  shares.state = 128 * MiB;
+  const auto large = predict();
+  machine.nvme_read_by_block = machine.nvme_write_by_block = bandwidth_curve{};
+  CHECK(large.nvme == doctest::Approx(predict().nvme).epsilon(1e-9));
+}
+
 TEST_CASE("on Elixir's benchmark matrix the search offloads nothing where all fits, and the least Adam work otherwise") {
   // Elixir's evaluation (Huang et al., 2023): GPT-2-style models of 4B to 20B parameters on 1 to 4 A100 80 GB of a
   // DGX A100 (NVLink between GPUs, PCIe 4 to a host of 1 TiB), batch 4 to 16 per GPU, sequence 1024, activation

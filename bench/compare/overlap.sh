@@ -52,8 +52,8 @@ for r in range(rounds):
         moved[name] = re.search(r"^moved \(rank 0, [0-9]+ steps\): (.*)$", out, re.M).group(1)
         stall = re.search(r"stalled ([0-9.]+ ms)", out)
         if stall: moved[name] += f"; cache stalled {stall.group(1)}"
-        drive = re.search(r"the drive ran at ([0-9.]+x) its profiled rate", out)
-        if drive: moved[name] += f"; drive at {drive.group(1)} its profiled rate"
+        drive = re.search(r"the drive ran at ([0-9.]+x) the predicted rate", out)
+        if drive: moved[name] += f"; drive at {drive.group(1)} the predicted rate"
 median = {name: statistics.median(v) for name, v in samples.items()}
 predicted = {name: statistics.median(v) for name, v in predictions.items()}
 print(f"{'configuration':22s} {'median step ms':>15s} {'predicted':>10s}  moved (rank 0, whole run)")

@@ -438,17 +438,11 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
 
 /// A rank's part of the run, whatever runs it (a thread, a process): the plan's knobs, the device budget per rank
 /// and the initial parameters.
-/// The machine profile's NVMe rates (bytes per second), which the prediction used.
-struct drive_rates {
-  double read = 0, write = 0;
-};
-
 struct rank_setup {
   const options& o;
   const model_profile& model;
   byte_count device_budget;
   const prediction& chosen;
-  drive_rates drive;
   const tensor_initializer& initialize;
 };
 
@@ -529,7 +523,7 @@ class progress_log {
 
   /// The losses, the bytes moved, the median step against the prediction, peaks and the device cache.
   template <class Runtime>
-  void summary(const Runtime& rt, const prediction& chosen, drive_rates drive) const {
+  void summary(const Runtime& rt, const prediction& chosen) const {
     if (step_seconds_.empty()) return;
     const std::size_t steps = step_seconds_.size();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -571,26 +565,27 @@ class progress_log {
                   format_bytes(nvme.bytes_read / steps).c_str(),
                   static_cast<unsigned long long>(nvme.params_handed_over),
                   static_cast<unsigned long long>(nvme.params_read));
-    print_drive(chosen, drive);
+    print_drive(chosen);
   }
 
  private:
-  /// The NVMe home store over the steps after the first, against the cost model's drive term: its bytes at the
-  /// profile's rates, time-shared. A drive whose rate moved since it was measured shows here, apart from the model.
-  void print_drive(const prediction& chosen, drive_rates drive) const {
+  /// The NVMe home store over the steps after the first, against the cost model's drive time (the profile's rates
+  /// for this plan's block size, time-shared). A drive whose rate moved since it was measured shows here, apart from
+  /// the rest of the model. With several ranks each has its own store on the drive and the model's time is theirs.
+  void print_drive(const prediction& chosen) const {
     const auto steps = static_cast<double>(step_seconds_.size() - 1);
-    const double busy = last_home_.busy_seconds - first_home_.busy_seconds;
-    if (steps < 1 || busy <= 0 || drive.read <= 0 || drive.write <= 0) return;
-    const double read = static_cast<double>(last_home_.bytes_read - first_home_.bytes_read) / steps;
-    const double written = static_cast<double>(last_home_.bytes_written - first_home_.bytes_written) / steps;
-    const double at_profile = read / drive.read + written / drive.write;
-    char model[64] = "";  // the model's drive time is the whole machine's: rank 0's alone only with one rank
-    if (o_.ranks == 1) std::snprintf(model, sizeof model, " (the cost model's drive time: %.1f ms)", chosen.time.nvme * 1e3);
-    std::printf("NVMe drive (rank 0, the steps after the first): busy %.1f ms a step, reading %s and writing %s; at "
-                "the profile's rates (read %.2f, write %.2f GB/s) that is %.1f ms%s: the drive ran at %.2fx its "
-                "profiled rate\n", busy / steps * 1e3, format_bytes(static_cast<byte_count>(read)).c_str(),
-                format_bytes(static_cast<byte_count>(written)).c_str(), drive.read / 1e9, drive.write / 1e9,
-                at_profile * 1e3, model, at_profile / (busy / steps));
+    const double busy = (last_home_.busy_seconds - first_home_.busy_seconds) / std::max(steps, 1.0);
+    if (steps < 1 || busy <= 0) return;
+    const auto per_step = [&](byte_count last, byte_count first) {
+      return format_bytes(static_cast<byte_count>(static_cast<double>(last - first) / steps));
+    };
+    char model[128] = "";
+    if (o_.ranks == 1 && chosen.time.nvme > 0)
+      std::snprintf(model, sizeof model, "; the cost model's drive time %.1f ms: the drive ran at %.2fx the predicted "
+                    "rate", chosen.time.nvme * 1e3, chosen.time.nvme / busy);
+    std::printf("NVMe drive (rank 0, the steps after the first): busy %.1f ms a step, reading %s and writing %s%s\n",
+                busy * 1e3, per_step(last_home_.bytes_read, first_home_.bytes_read).c_str(),
+                per_step(last_home_.bytes_written, first_home_.bytes_written).c_str(), model);
   }
 
   const options& o_;
@@ -740,7 +735,7 @@ void train_rank(const rank_setup& setup, Comm& comm, HostComm& host_comm) {
       }
     }
   }
-  if (r == 0) log.summary(rt, setup.chosen, setup.drive);
+  if (r == 0) log.summary(rt, setup.chosen);
 
   if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
     std::vector<std::vector<float>> trained;
@@ -817,7 +812,6 @@ struct run_decision {
   std::uint64_t plan = 0;  // the index in gpt2::trainable_plans
   byte_count device_budget = 0;
   prediction chosen;
-  drive_rates drive;
 };
 static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to the processes");
 
@@ -952,8 +946,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   });
   std::printf("\n");
   run_decision decision{.ok = true, .recompute = o.model.recompute, .plan = chosen,
-                        .device_budget = machine.device_memory, .chosen = plans[chosen],
-                        .drive = {machine.nvme_read_bytes_per_second, machine.nvme_write_bytes_per_second}};
+                        .device_budget = machine.device_memory, .chosen = plans[chosen]};
   return decision;
 }
 
@@ -1049,7 +1042,7 @@ int main(int argc, char** argv) {
         imported.empty() ? gpt2::initializer(o.model, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
           std::copy(imported[t].begin(), imported[t].end(), values.begin());
         };
-    const rank_setup setup{o, model, decision.device_budget, decision.chosen, decision.drive, initialize};
+    const rank_setup setup{o, model, decision.device_budget, decision.chosen, initialize};
     training = true;
     dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
 #if CHUNKWISE_HAS_MPI

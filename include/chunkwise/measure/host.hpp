@@ -68,48 +68,61 @@ inline double process_cpu_seconds() {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
-/// NVMe capacity and sequential bandwidth through the NVMe tier, measured as the runtime drives the drive: a store of
-/// `nvme_test_bytes` in 16 MiB blocks is written once untimed (a new file's extents are converted on their first
-/// write, once per store; the runtime's homes are written once and then overwritten every step), then overwritten
-/// and read back block after block, each for at least `nvme_test_seconds` and one whole pass. A single cold pass
-/// measured about half of what a run sustains (this VM: 1.5 GB/s read and 1.8 GB/s write cold, 1.6-2.0 and
-/// 2.7-3.0 steady), and made the cost model's NVMe plans twice as slow as they ran. Also the CPU time per byte.
+/// NVMe capacity and bandwidth through the NVMe tier, measured as the runtime drives the drive, for blocks of 1, 4,
+/// 16 and 64 MiB (each chunk's blocks move whole, one call each; a small block keeps fewer requests in flight: 1 MiB
+/// blocks ran at 0.65x the reads and 0.7x the writes of 16 MiB ones here, and an NVMe plan of 1 MiB chunks ran its
+/// drive at 0.6x the 16 MiB rates). For each size a store of `nvme_test_bytes` is written once untimed (a new file's
+/// extents are converted on their first write; the runtime's homes are written once and then overwritten every
+/// step), then overwritten and read back block after block, each for at least `nvme_test_seconds` and one whole
+/// pass (a single cold pass measured about half of what a run sustains). The flat rates are the 16 MiB ones. Also
+/// the CPU time per byte.
 inline void measure_nvme(const measure_options& options, machine_profile& m) {
   using clock = std::chrono::steady_clock;
   if (options.nvme_directory.empty()) return;
   struct statvfs fs {};
   if (::statvfs(options.nvme_directory.c_str(), &fs) != 0) raise_io("statvfs", options.nvme_directory, errno);
   m.nvme_capacity = static_cast<byte_count>(fs.f_bavail) * fs.f_frsize;
-  const byte_count block = 16 * MiB;
-  const std::size_t blocks = static_cast<std::size_t>(std::max<byte_count>(1, options.nvme_test_bytes / block));
-  nvme_tier store({.directory = options.nvme_directory, .capacity = blocks * block, .block_bytes = block});
-  const std::unique_ptr<char, decltype(&std::free)> memory(
-      static_cast<char*>(std::aligned_alloc(nvme_tier::io_alignment, block)), &std::free);
-  if (memory == nullptr) raise(error_code::out_of_memory, "measure: no memory for an NVMe test buffer");
-  char* const buffer = memory.get();
-  std::memset(buffer, 7, block);
-  std::vector<nvme_block> handles;
-  for (std::size_t i = 0; i < blocks; ++i) handles.push_back(store.allocate_sync(block));
-  for (const auto h : handles) store.write(h, buffer, block);
-  // Bytes per second of `io` on block after block, for at least the test time and one pass over the store.
   byte_count moved = 0;
-  const auto rate = [&](auto io) {
-    const auto start = clock::now();
-    std::size_t done = 0;
-    while (done < blocks || seconds_since(start) < options.nvme_test_seconds) io(handles[done++ % blocks]);
-    moved += done * block;
-    return static_cast<double>(done * block) / seconds_since(start);
-  };
+  std::string store_description;
   const double cpu_before = process_cpu_seconds();
-  m.nvme_write_bytes_per_second = rate([&](nvme_block h) { store.write(h, buffer, block); });
-  m.nvme_read_bytes_per_second = rate([&](nvme_block h) { store.read(h, buffer, block); });
+  for (const byte_count block : {1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB}) {
+    const std::size_t blocks = static_cast<std::size_t>(std::max<byte_count>(1, options.nvme_test_bytes / block));
+    nvme_tier store({.directory = options.nvme_directory, .capacity = blocks * block, .block_bytes = block});
+    const std::unique_ptr<char, decltype(&std::free)> memory(
+        static_cast<char*>(std::aligned_alloc(nvme_tier::io_alignment, block)), &std::free);
+    if (memory == nullptr) raise(error_code::out_of_memory, "measure: no memory for an NVMe test buffer");
+    char* const buffer = memory.get();
+    std::memset(buffer, 7, block);
+    std::vector<nvme_block> handles;
+    for (std::size_t i = 0; i < blocks; ++i) handles.push_back(store.allocate_sync(block));
+    for (const auto h : handles) store.write(h, buffer, block);
+    // Bytes per second of `io` on block after block, for at least the test time and one pass over the store.
+    const auto rate = [&](auto io) {
+      const auto start = clock::now();
+      std::size_t done = 0;
+      while (done < blocks || seconds_since(start) < options.nvme_test_seconds) io(handles[done++ % blocks]);
+      moved += done * block;
+      return static_cast<double>(done * block) / seconds_since(start);
+    };
+    m.nvme_write_by_block.add(block, rate([&](nvme_block h) { store.write(h, buffer, block); }));
+    m.nvme_read_by_block.add(block, rate([&](nvme_block h) { store.read(h, buffer, block); }));
+    for (const auto h : handles) store.deallocate_sync(h);
+    if (block == 16 * MiB) store_description = store.describe();
+  }
+  m.nvme_read_bytes_per_second = m.nvme_read_by_block.at(16 * MiB);
+  m.nvme_write_bytes_per_second = m.nvme_write_by_block.at(16 * MiB);
   // Nothing else runs in this process meanwhile: its CPU time is the I/O's (submission, completion, the kernel's
   // block layer and, on a virtual disk, its driver).
   m.nvme_cpu_seconds_per_byte = (process_cpu_seconds() - cpu_before) / static_cast<double>(moved);
-  for (const auto h : handles) store.deallocate_sync(h);
-  options.progress("NVMe (" + store.describe() + "): read " + format_rate(m.nvme_read_bytes_per_second) +
-                   ", write " + format_rate(m.nvme_write_bytes_per_second) + ", " +
-                   std::to_string(static_cast<int>(m.nvme_cpu_seconds_per_byte * 1e12 + 0.5)) + " ms of CPU per GB");
+  std::string by_block;
+  for (std::uint32_t i = 0; i < m.nvme_read_by_block.count; ++i)
+    by_block += (i == 0 ? "" : ", ") + format_bytes(m.nvme_read_by_block.points[i].message_bytes) + " " +
+                format_rate(m.nvme_read_by_block.points[i].bytes_per_second) + " / " +
+                format_rate(m.nvme_write_by_block.points[i].bytes_per_second);
+  options.progress("NVMe (" + store_description + "): read " + format_rate(m.nvme_read_bytes_per_second) +
+                   ", write " + format_rate(m.nvme_write_bytes_per_second) + "; by block, read / write: " + by_block +
+                   "; " + std::to_string(static_cast<int>(m.nvme_cpu_seconds_per_byte * 1e12 + 0.5)) +
+                   " ms of CPU per GB");
 }
 
 /// The fixed cost of one collective call among `world`'s ranks: every rank all-reduces one float `calls` times, from

@@ -86,8 +86,8 @@ inline byte_count meminfo_bytes(const char* key) {
 }
 
 /// Raised whenever a measurement's method changes, so that a cached profile measured the old way is measured again
-/// (2: the NVMe store's steady overwrite and read rates, not one cold pass).
-inline constexpr int measurement_revision = 2;
+/// (2: the NVMe store's steady overwrite and read rates, not one cold pass; 3: and by block size).
+inline constexpr int measurement_revision = 3;
 
 /// A stable name for this machine and how it is measured: CPU model, core count, total memory, the revision.
 inline std::string machine_fingerprint() {

@@ -230,15 +230,23 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                                            calls(traffic.all_reduce, 2 * ring_gather)) +
                  latency(spans_machines) * calls(traffic.cross_group_all_reduce, cross_all_reduce);
 
+  // The drive's rates for this plan's blocks: each chunk's arrays (its parameters, each of its fp32 states) move
+  // whole, one call each, and a small block keeps fewer requests in flight.
+  const auto nvme_block = static_cast<byte_count>(
+      s.state_bytes_per_element > 0 ? static_cast<double>(s.state) * 4.0 / s.state_bytes_per_element
+                                    : static_cast<double>(s.parameter));
+  const double nvme_read = nvme_read_rate(machine, nvme_block);
+  const double nvme_write = nvme_write_rate(machine, nvme_block);
+
   // Moves in forward and backward.
   const double fetch_bytes = static_cast<double>(fetches * s.parameter);
   const double gradient_down = static_cast<double>((streamed + offloaded) * s.gradient);
   t.host_to_device = seconds(fetch_bytes, machine.host_to_device_bytes_per_second);
   t.device_to_host = seconds(gradient_down, machine.device_to_host_bytes_per_second);
-  const double nvme_fetch = home_on_nvme ? seconds(fetch_bytes, machine.nvme_read_bytes_per_second) : 0.0;
+  const double nvme_fetch = home_on_nvme ? seconds(fetch_bytes, nvme_read) : 0.0;
   // Nothing hides the first fetch of a step (and its NVMe read), nor the first gather.
   const double first_fetch = streamed > 0 ? seconds(static_cast<double>(s.parameter), machine.host_to_device_bytes_per_second) +
-                                                (home_on_nvme ? seconds(static_cast<double>(s.parameter), machine.nvme_read_bytes_per_second) : 0.0)
+                                                (home_on_nvme ? seconds(static_cast<double>(s.parameter), nvme_read) : 0.0)
                                           : 0.0;
   const double first_gather = traffic.all_gather > 0 ? seconds(ring_gather, gather_bandwidth) : 0.0;
   // The update's NVMe traffic (per rank): states of streamed chunks with NVMe homes and offloaded states on NVMe.
@@ -276,9 +284,9 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   // this 2-core VM, where the drive bounds backward and the updates: 20% measured, 47% predicted; 4x512: 75%, 92%.)
   std::uint64_t handed_over = std::min(streamed, device_blocks);
   if (s.updates_overlap && streamed > 0) {
-    const double update_io = seconds(static_cast<double>(s.state * ranks), machine.nvme_read_bytes_per_second) +
+    const double update_io = seconds(static_cast<double>(s.state * ranks), nvme_read) +
                              seconds(static_cast<double>((s.state + s.parameter) * ranks),
-                                     machine.nvme_write_bytes_per_second);
+                                     nvme_write);
     const double drive_per_chunk =
         drive_beside_backward(phase_moving(nvme_bytes_but_parameter_reads)) / static_cast<double>(n);
     const double keep = update_io > 0 ? std::min(1.0, drive_per_chunk / update_io) : 1.0;
@@ -305,8 +313,8 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   const double host_update = elements_per_chunk * static_cast<double>(streamed + offloaded) * ranks /
                              machine.host_optimizer_params_per_second;
   const double nvme_states =
-      seconds((state_bytes_on_nvme + parameter_reads_from_nvme) * ranks, machine.nvme_read_bytes_per_second) +
-      seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, machine.nvme_write_bytes_per_second);
+      seconds((state_bytes_on_nvme + parameter_reads_from_nvme) * ranks, nvme_read) +
+      seconds((state_bytes_on_nvme + parameter_writes_to_nvme) * ranks, nvme_write);
   const double upload = seconds(static_cast<double>(offloaded * s.parameter), machine.host_to_device_bytes_per_second);
   t.optimizer = shared_cores ? device_update + host_update : std::max(device_update, host_update);
   // the last offloaded chunk's parameters go up after its update: nothing hides that one

@@ -54,6 +54,8 @@ inline nlohmann::json to_json(const machine_profile& m) {
           {"nvme_read_bytes_per_second", m.nvme_read_bytes_per_second},
           {"nvme_write_bytes_per_second", m.nvme_write_bytes_per_second},
           {"nvme_cpu_seconds_per_byte", m.nvme_cpu_seconds_per_byte},
+          {"nvme_read_by_block", detail::curve_to_json(m.nvme_read_by_block)},
+          {"nvme_write_by_block", detail::curve_to_json(m.nvme_write_by_block)},
           {"all_gather", detail::curve_to_json(m.all_gather)},
           {"reduce_scatter", detail::curve_to_json(m.reduce_scatter)},
           {"all_reduce", detail::curve_to_json(m.all_reduce)},
@@ -97,6 +99,9 @@ inline machine_profile machine_profile_from_json(const nlohmann::json& document,
   m.nvme_write_bytes_per_second = number("nvme_write_bytes_per_second");
   if (document.contains("nvme_cpu_seconds_per_byte"))  // optional: older profiles have none (0)
     m.nvme_cpu_seconds_per_byte = number("nvme_cpu_seconds_per_byte");
+  for (const auto& [key, curve] : {std::pair{"nvme_read_by_block", &m.nvme_read_by_block},
+                                   std::pair{"nvme_write_by_block", &m.nvme_write_by_block}})
+    if (document.contains(key)) *curve = curve_from_json(field(key), at(key));  // optional: flat rates without
   m.all_gather = curve_from_json(field("all_gather"), at("all_gather"));
   m.reduce_scatter = curve_from_json(field("reduce_scatter"), at("reduce_scatter"));
   m.all_reduce = curve_from_json(field("all_reduce"), at("all_reduce"));
