@@ -30,6 +30,12 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(measured.nvme_read_by_block.points[2].bytes_per_second == measured.nvme_read_bytes_per_second);
   CHECK(nvme_write_rate(measured, 16 * MiB) == measured.nvme_write_bytes_per_second);
   CHECK(nvme_read_rate(measured, 1 * MiB) == measured.nvme_read_by_block.points[0].bytes_per_second);
+  for (std::uint32_t i = 1; i < 4; ++i) {  // a larger block is never slower
+    CHECK(measured.nvme_read_by_block.points[i].bytes_per_second >=
+          measured.nvme_read_by_block.points[i - 1].bytes_per_second);
+    CHECK(measured.nvme_write_by_block.points[i].bytes_per_second >=
+          measured.nvme_write_by_block.points[i - 1].bytes_per_second);
+  }
   CHECK(measured.nvme_capacity > 0);
   CHECK(measured.nvme_cpu_seconds_per_byte > 0);  // submitting and completing I/O costs the CPU something
   CHECK(measured.nvme_cpu_seconds_per_byte < 1e-8);  // and far less than 10 s per GB
