@@ -20,6 +20,7 @@
 #include <doctest/doctest.h>
 
 #include "runtime/toy_model.hpp"
+#include "tier_test_support.hpp"
 
 #include <sys/wait.h>
 
@@ -630,12 +631,11 @@ TEST_CASE("a model whose tensors mix element types is refused with both names") 
 }
 
 TEST_CASE("NVMe updates read the next chunk ahead and write the last one back behind, losing nothing") {
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-pipeline-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::temp_dir dir;  // removed at the end, also when a check throws
   constexpr std::size_t chunks = 4, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
   auto faults = std::make_shared<testing::nvme_fault_injector>();
-  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
+  auto store_options = options_for_fp32_chunks(dir.path(), chunks, bytes);
   store_options.faults = faults;
   {
     nvme_tier store(store_options);
@@ -673,7 +673,6 @@ TEST_CASE("NVMe updates read the next chunk ahead and write the last one back be
     CHECK_THROWS_WITH_AS(pipeline.drain(), doctest::Contains("write"), error);
     CHECK_THROWS_AS(pipeline.visit(2, false, [](const home_view&) {}), error);
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("gathers prefetched under a tight device budget stay in the same order on every rank") {
@@ -758,11 +757,10 @@ TEST_CASE("a working block handed over while every scratch set is busy waits in 
   // Three chunks read ahead hold the three sets; the fourth's copy (5s, where the drive holds 3s: the test sees which
   // one the update used) lands aside and is swapped into the set its update reads into; the drive gives it only its
   // moments.
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-landing-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::temp_dir dir;  // removed at the end, also when a check throws
   constexpr std::size_t chunks = 4, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
-  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
+  auto store_options = options_for_fp32_chunks(dir.path(), chunks, bytes);
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(64 * MiB);
@@ -794,18 +792,16 @@ TEST_CASE("a working block handed over while every scratch set is busy waits in 
     CHECK(pipeline.stats().params_handed_over == 2);
     pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[0] == 10.0f); });
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a hand-over's copy runs outside the pipeline's lock; an update waits for the one set it claims") {
   // One scratch set (the pinned budget holds no more, so no landing buffers either). While chunk 1's cached working
   // block (5s; the drive holds 1s) is copied into that set, the pipeline answers other threads, and chunk 0's update,
   // on another thread, waits for the set; it then drops chunk 1's read ahead, so chunk 1's update reads the drive.
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-claim-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::temp_dir dir;  // removed at the end, also when a check throws
   constexpr std::size_t chunks = 2, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
-  auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
+  auto store_options = options_for_fp32_chunks(dir.path(), chunks, bytes);
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(3 * bytes);  // one set: working block and two moments
@@ -834,18 +830,16 @@ TEST_CASE("a hand-over's copy runs outside the pipeline's lock; an update waits 
     pipeline.visit(0, false, [&](const home_view& v) { CHECK(v.master[elements - 1] == 1.0f); });
     pipeline.visit(1, false, [&](const home_view& v) { CHECK(v.master[0] == 2.0f); });
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a hand-over's copy that fails gives its buffer back; the update reads the drive and loses nothing") {
   // A device-to-host copy can fail (a CUDA error). The failure reaches the caller; the scratch set or landing buffer
   // the copy claimed is free again, and the chunk's update reads its working block from the drive, which the failed
   // copy never touched. First into a free set (chunk 0), then, with every set busy, into a landing buffer (chunk 3).
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-copy-fault-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::temp_dir dir;  // removed at the end, also when a check throws
   constexpr std::size_t chunks = 4, elements = 1024;
   constexpr byte_count bytes = elements * sizeof(float);
-  const auto store_options = options_for_fp32_chunks(dir, chunks, bytes);
+  const auto store_options = options_for_fp32_chunks(dir.path(), chunks, bytes);
   {
     nvme_tier store(store_options);
     pinned_host_tier pinned(64 * MiB);
@@ -873,18 +867,16 @@ TEST_CASE("a hand-over's copy that fails gives its buffer back; the update reads
         CHECK(std::all_of(v.master.begin(), v.master.end(), [&](float x) { return x == static_cast<float>(c) + 1; }));
       });
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a bf16 update that owns its whole home does not read the working block it rewrites") {
   // Chunk 0 owns its whole home (replicated, ZeRO-3): its update reads master weights and moments only. Chunk 1 owns
   // the second half (ZeRO-2): its update reads the working block too, whose first half it must keep.
-  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise-nvme-bf16-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::temp_dir dir;  // removed at the end, also when a check throws
   constexpr std::size_t elements = 2048, owned[] = {elements, elements / 2};
   constexpr byte_count param_bytes = elements * sizeof(bf16), state_bytes = elements * sizeof(float);
   nvme_options store_options;
-  store_options.directory = dir;
+  store_options.directory = dir.path();
   store_options.block_bytes = state_bytes;
   store_options.capacity = 8 * state_bytes;
   {
@@ -923,5 +915,4 @@ TEST_CASE("a bf16 update that owns its whole home does not read the working bloc
         }
       });
   }
-  std::filesystem::remove_all(dir);
 }
