@@ -5,6 +5,7 @@
 #include "comm_support.hpp"
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -22,6 +23,7 @@
 using namespace chunkwise;
 using namespace std::chrono_literals;
 using test_support::run_ranks;
+using test_support::cview;
 using test_support::same_bits;
 
 static_assert(communicator<thread_comm>);
@@ -55,6 +57,34 @@ TEST_CASE("16-bit reductions add in fp32 and round once") {
     comm.all_reduce(std::span<const bf16>(big), std::span<bf16>(big), reduce_op::sum).wait();
     CHECK(to_float(big[0]) == 258.0f);
   });
+}
+
+TEST_CASE_TEMPLATE("a one-rank reduction hands its input on bit for bit, signalling NaNs and signed zeros included", T,
+                   float, bf16) {
+  // A one-rank sum is the input: the streamed plans reduce every gradient this way at one rank, so it is one copy.
+  // A signalling NaN went through an fp32 division (average) or a bf16 rounding before and came out quiet.
+  std::vector<T> input;
+  if constexpr (std::same_as<T, float>) {
+    for (std::uint32_t bits : {0x7f800001u, 0xffc01234u, 0x80000000u, 0x00000001u, 0x7f800000u, 0x3f800000u})
+      input.push_back(std::bit_cast<float>(bits));
+  } else {
+    for (int bits : {0x7f81, 0xffc3, 0x8000, 0x0001, 0x7f80, 0x3f80})
+      input.push_back(bf16{static_cast<std::uint16_t>(bits)});
+  }
+  thread_world world(1, 5000ms);
+  auto comm = world.comm(0);
+  for (const reduce_op op : {reduce_op::sum, reduce_op::average}) {
+    CAPTURE(to_string(op));
+    std::vector<T> out(input.size());
+    comm.all_reduce(cview(input), std::span<T>(out), op).wait();
+    CHECK(same_bits(out, input));
+    std::vector<T> in_place = input;
+    comm.all_reduce(cview(in_place), std::span<T>(in_place), op).wait();
+    CHECK(same_bits(in_place, input));
+    std::vector<T> shard(input.size());
+    comm.reduce_scatter(cview(input), std::span<T>(shard), op).wait();
+    CHECK(same_bits(shard, input));
+  }
 }
 
 TEST_CASE("integer sums are exact and identical on every rank whatever the order of arrival") {
