@@ -5,6 +5,10 @@
 // grad_ready calls); starts the reduction (all-reduce or reduce-scatter, averaging over ranks) while the trainer goes
 // on; polls the reductions at every pass boundary, and hands each reduced chunk to the optimizer stage at once,
 // giving its accumulator back. When the device tier is full, the oldest reduction is completed to make room.
+// A gradient whose states live in a host tier while the accumulator is device memory the host cannot address (a
+// GPU's) goes down on the backend's device-to-host stream once reduced, and is handed on when that copy's event
+// completes: the trainer's thread never waits for it, and the accumulator goes back only after it.
+#include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/core/error.hpp>
@@ -16,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <string>
 #include <vector>
@@ -30,18 +35,18 @@ enum class gradient_handover : std::uint8_t {
                    // know)
 };
 
-template <class Collective, communicator Comm, class DeviceTier>
+template <class Collective, communicator Comm, backend Backend, class DeviceTier>
 class gradient_pipeline {
  public:
   using record = chunk_record<Comm>;
   static constexpr std::size_t no_pass = ~std::size_t{0};
 
-  gradient_pipeline(chunk_collectives<Collective, Comm>& ops, DeviceTier& device, std::vector<record>& chunks,
-                    const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
-                    const chunk_map& map, gradient_handover handover, std::uint32_t micro_batches, dtype type,
-                    unsigned threads = 1)
-      : ops_(&ops), device_(&device), chunks_(&chunks), handover_(handover), micro_batches_(micro_batches),
-        type_(type), zeroing_(threads > 1 ? threads - 1 : 0) {
+  gradient_pipeline(chunk_collectives<Collective, Comm>& ops, Backend& backend, DeviceTier& device,
+                    std::vector<record>& chunks, const model_profile& model,
+                    const std::vector<std::vector<std::uint32_t>>& pass_chunks, const chunk_map& map,
+                    gradient_handover handover, std::uint32_t micro_batches, dtype type, unsigned threads = 1)
+      : ops_(&ops), backend_(&backend), device_(&device), chunks_(&chunks), handover_(handover),
+        micro_batches_(micro_batches), type_(type), zeroing_(threads > 1 ? threads - 1 : 0) {
     if (micro_batches_ == 0)
       detail::raise(error_code::invalid_argument, "runtime: micro_batches = 0; give at least 1 forward and backward "
                                                   "per step");
@@ -53,14 +58,19 @@ class gradient_pipeline {
     for (std::size_t c = 0; c < chunks.size(); ++c) slots_[c] = map.chunks[c].slots.size();
     tensor_ready_.assign(model.tensors.size(), 0);
     chunk_ready_.assign(chunks.size(), 0);
+    copy_down_.resize(chunks.size());
   }
   gradient_pipeline(const gradient_pipeline&) = delete;
   gradient_pipeline& operator=(const gradient_pipeline&) = delete;
   ~gradient_pipeline() {
-    for (auto& b : *chunks_) {  // reductions still writing into this rank's buffers
+    for (auto& b : *chunks_) {  // reductions and copies still writing into this rank's buffers
       try {
         b.reduction.wait();
       } catch (...) {  // the run already failed; its own error was reported
+      }
+      try {
+        if (copy_down_[b.index]) backend_->wait(*copy_down_[b.index]);
+      } catch (...) {
       }
     }
   }
@@ -136,8 +146,7 @@ class gradient_pipeline {
       return;
     }
     if (lands_on_host(b) && ops_->ranks() == 1) {
-      // One rank: the reduction is a copy down, through the device tier.
-      b.gradient.copy_to_host(b.owned_gradient.template data<std::byte>(), 0, b.owned_gradient.bytes());
+      start_copy_down(b, 0);  // one rank: the reduction is the copy down
       return;
     }
     visit_element(type_, "runtime", [&]<class T>(T) {
@@ -183,18 +192,38 @@ class gradient_pipeline {
     b.gradient.zero(zeroing_);
   }
 
+  // The owned part of chunk b's reduced accumulator to its host-tier gradient, on the device-to-host stream.
+  void start_copy_down(record& b, std::size_t first_element) {
+    backend_->copy_async(backend_->d2h(), b.owned_gradient.template data<std::byte>(),
+                         b.gradient.template data<std::byte>() + first_element * size_of(type_),
+                         b.owned_gradient.bytes());
+    copy_down_[b.index] = backend_->record(backend_->d2h());
+  }
+  // Whether chunk b's reduction has finished (with `wait`, once it has); a finished one of several ranks that lands
+  // on the host then starts its copy down (one rank's started with the reduction).
+  bool reduction_finished(record& b, bool wait) {
+    if (copy_down_[b.index]) return true;
+    if (!wait && !b.reduction.test()) return false;
+    b.reduction.wait();
+    b.reduction = {};
+    if (lands_on_host(b) && ops_->ranks() > 1) start_copy_down(b, b.owned.offset);
+    return true;
+  }
+
   // Hands on the oldest reduction if it finished (or, with wait_for_oldest, once it does); true when one was.
   // Oldest first keeps the hand-over order the same on every rank whatever the timing.
   template <class Reduced>
   bool complete(bool wait_for_oldest, Reduced& reduced) {
     if (reducing_.empty()) return false;
+    for (const auto c : reducing_)  // the finished ones' copies queue, in order, while the trainer goes on
+      if (!reduction_finished((*chunks_)[c], /*wait=*/false)) break;
     record& b = (*chunks_)[reducing_.front()];
-    if (!wait_for_oldest && !b.reduction.test()) return false;
-    b.reduction.wait();
-    b.reduction = {};
-    if (lands_on_host(b) && ops_->ranks() > 1)
-      b.gradient.copy_to_host(b.owned_gradient.template data<std::byte>(), b.owned.offset * size_of(type_),
-                              b.owned_gradient.bytes());
+    if (!reduction_finished(b, wait_for_oldest)) return false;
+    if (auto& copy = copy_down_[b.index]) {
+      if (!wait_for_oldest && !backend_->ready(*copy)) return false;
+      backend_->wait(*copy);
+      copy.reset();
+    }
     b.gradient = {};
     reducing_.pop_front();
     b.life.reduced();
@@ -203,6 +232,7 @@ class gradient_pipeline {
   }
 
   chunk_collectives<Collective, Comm>* ops_;
+  Backend* backend_;
   DeviceTier* device_;
   std::vector<record>* chunks_;
   gradient_handover handover_;
@@ -213,6 +243,7 @@ class gradient_pipeline {
   std::vector<unsigned char> tensor_ready_;  // explicit hand-over: tensors handed over this step
   std::vector<std::size_t> chunk_ready_;     // and how many per chunk
   std::deque<std::uint32_t> reducing_;       // chunks whose reduction is in flight, oldest first
+  std::vector<std::optional<typename Backend::event_type>> copy_down_;  // per chunk: its copy down, while queued
   worker_threads zeroing_;                   // with the caller, the threads that zero new accumulators
   byte_count reduced_bytes_ = 0;
 };

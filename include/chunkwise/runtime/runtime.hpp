@@ -55,7 +55,7 @@ class runtime {
   using device_tier = typename backend_parts<Backend>::device_tier;
   using pinned_tier = typename backend_parts<Backend>::pinned_tier;
   using homes_type = home_storage<placement, Backend>;
-  using gradients_type = gradient_pipeline<collective, Comm, device_tier>;
+  using gradients_type = gradient_pipeline<collective, Comm, Backend, device_tier>;
 
  public:
   runtime(const model_profile& model, Comm& comm, const tensor_initializer& initialize, runtime_options options = {})
@@ -73,8 +73,8 @@ class runtime {
         chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, type_, device_, host_)),
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
-        gradients_(ops_, device_, chunks_, model_, pass_chunks_, map_, options.handover, options.micro_batches, type_,
-                   options.optimizer_threads),
+        gradients_(ops_, backend_, device_, chunks_, model_, pass_chunks_, map_, options.handover,
+                   options.micro_batches, type_, options.optimizer_threads),
         fetches_(ops_, homes_, gradients_, chunks_, pass_chunks_, options.prefetch_depth, type_),
         optimizer_({options.adam, options.optimizer_threads, options.learning_rate, options.clip_norm,
                     options.loss_scaling},
