@@ -215,8 +215,10 @@ class gradient_pipeline {
   template <class Reduced>
   bool complete(bool wait_for_oldest, Reduced& reduced) {
     if (reducing_.empty()) return false;
-    for (const auto c : reducing_)  // the finished ones' copies queue, in order, while the trainer goes on
-      if (!reduction_finished((*chunks_)[c], /*wait=*/false)) break;
+    if constexpr (host_staged_tier<DeviceTier>)  // the finished ones' copies down queue, in order, meanwhile
+      if (ops_->ranks() > 1)
+        for (const auto c : reducing_)
+          if (!reduction_finished((*chunks_)[c], /*wait=*/false)) break;
     record& b = (*chunks_)[reducing_.front()];
     if (!reduction_finished(b, wait_for_oldest)) return false;
     if (auto& copy = copy_down_[b.index]) {
