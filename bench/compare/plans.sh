@@ -12,10 +12,17 @@
 #   plans <setting> max_prediction_error=E regret=R
 # and with RANKS settings, last:
 #   plans worst max_prediction_error=E regret=R
-# Each run calibrates its compute rate and collective cost and predicts in its own process; the predictions are
-# medians over rounds too. E: the largest |measured - predicted| / measured; R: the chosen plan's measured step time
-# over the fastest measured, minus 1. Measured step time: the trainer's median step after the first (cold) one, the
-# median over rounds. Thread ranks on a machine with fewer cores share them (4 ranks on 2 cores: each gets half).
+# Each run calibrates its compute rate and collective cost and predicts its own step, in its own process. Measured
+# step time: the trainer's median step after the first (cold) one. The figures pair what was measured together, as
+# this machine's speed moves by 30-50% over tens of seconds (2 ranks: one round's processes predicted and measured
+# 12.4/11.9 ms, the next round's 19.2/19.2):
+#   E: the largest over plans of |median over rounds of (measured - predicted) / measured|, each run against its
+#      own prediction (medians of predictions and of measurements taken apart would pair a slow phase's prediction
+#      with a fast phase's step);
+#   R: the chosen plan's median step over the fastest plan's, minus 1 (pairing rounds did not help here: a phase
+#      can turn within a round).
+# The table's predicted and measured columns are the medians over rounds. Thread ranks on a machine with fewer cores
+# share them (4 ranks on 2 cores: each gets half).
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-60}"
@@ -57,15 +64,18 @@ rows = []
 for plan in plans:
     measured = statistics.median(samples[plan])
     predicted = statistics.median(predictions[plan])
-    rows.append((plan, predicted, measured, abs(measured - predicted) / measured))
+    # Each run against its own prediction, then the median over rounds (signed: a bias shows, phases cancel).
+    error = statistics.median((m - p) / m for m, p in zip(samples[plan], predictions[plan]))
+    rows.append((plan, predicted, measured, abs(error)))
 print(f"\n{name}")
-print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}")
+print(f"{'plan':58s} {'predicted s':>12s} {'measured s':>12s} {'error':>7s}   rounds (predicted/measured ms)")
 for plan, predicted, measured, error in rows:
     mark = "*" if plan == chosen else " "
-    print(f"{mark}{plan:57s} {predicted:12.5f} {measured:12.5f} {error:7.1%}")
+    pairs = " ".join(f"{p * 1e3:.1f}/{m * 1e3:.1f}" for p, m in zip(predictions[plan], samples[plan]))
+    print(f"{mark}{plan:57s} {predicted:12.5f} {measured:12.5f} {error:7.1%}   {pairs}")
 fastest = min(r[2] for r in rows)
-chosen_measured = [r[2] for r in rows if r[0] == chosen][0]
-print(f"plans {name} max_prediction_error={max(r[3] for r in rows):.3f} regret={chosen_measured / fastest - 1:.3f}")
+regret = [r[2] for r in rows if r[0] == chosen][0] / fastest - 1
+print(f"plans {name} max_prediction_error={max(r[3] for r in rows):.3f} regret={regret:.3f}")
 PY
 }
 
