@@ -114,6 +114,21 @@ TEST_CASE("the model's tensors, passes and saved activations are the analytic pr
     // What forward keeps is what the profile counts at the head's forward pass (fp32: 4 bytes each).
     const gpt2::activations<float> acts(config);
     CHECK(4 * acts.saved_elements() == passes[1 + config.layers].activation_bytes);
+
+    // Everything the activations hold (forward's, the recompute slot, backward's workspace) is the profile's peak,
+    // reached in the head's backward pass: the bytes the planner charges the device are the bytes the trainer takes.
+    for (const bool recompute : {false, true}) {
+      CAPTURE(recompute);
+      auto shape = config;
+      shape.recompute = recompute;
+      const auto analytic = chunkwise::gpt2_profile(gpt2::profile_config(shape));
+      const auto traced = gpt2::trace_profile(shape);
+      const gpt2::activations<float> held(shape);
+      CHECK(held.held_elements() == gpt2::activations<float>::total_elements(shape));
+      CHECK(4 * held.held_elements() == analytic.peak_activation_bytes());
+      CHECK(4 * held.held_elements() == traced.peak_activation_bytes());
+      CHECK(analytic.passes[2 + shape.layers].activation_bytes == analytic.peak_activation_bytes());
+    }
   }
   CHECK(tiny_config().parameter_count() == 256 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
 }
@@ -182,6 +197,7 @@ TEST_CASE("the gradient of every parameter tensor matches central finite differe
   const omp_threads one_thread(1);
   auto config = tiny_config();
   config.context = 8;
+  config.layers = 3;  // odd: backward's two alternating slices of the residual stream's gradient swap at each layer
   gpt2::basic_reference_trainer<double> trainer(config, 1);
   gpt2::splitmix64 rng(99);
   for (std::size_t i = 0; i < trainer.tensors().size(); ++i)

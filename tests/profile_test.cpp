@@ -68,7 +68,7 @@ TEST_CASE("the GPT-2 passes run forward then backward in mirror order, touching 
   CHECK(model.access_order().size() == 2 + 12 * 12 + 3 + 3 + 12 * 12 + 2);
 }
 
-TEST_CASE("GPT-2 activation bytes follow llm.c's count and peak in the head's backward") {
+TEST_CASE("GPT-2 activation bytes follow llm.c's count, hold backward's workspace and peak in the head's backward") {
   const auto config = gpt2_124m;
   const auto model = gpt2_profile(config);
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, V = 50257;
@@ -79,7 +79,10 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count and peak in the head's ba
   CHECK(model.passes[1].activation_bytes == embed + layer);
   CHECK(model.passes[12].activation_bytes == embed + 12 * layer);
   CHECK(model.passes[13].activation_bytes == embed + 12 * layer + head);
-  CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + B * T * V * 4);
+  const std::uint64_t backward_workspace = (20 * B * T * C + 2 * B * H * T * T + B * T * V) * 4;
+  CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + backward_workspace);
+  CHECK(model.passes[15].activation_bytes == embed + 12 * layer + backward_workspace);  // h.11's backward
+  CHECK(model.passes.back().activation_bytes == embed + backward_workspace);
   CHECK(model.passes[14].activation_bytes == model.peak_activation_bytes());
   // bf16 halves every byte count.
   auto half = config;
@@ -323,20 +326,21 @@ model_profile trace_gpt2(const gpt2_config& config) {
 
   trace.begin_pass("head", pass_kind::backward);
   for (const auto t : {ln_f_w, ln_f_b, wte}) trace.touch(t);
-  trace.free_activation(trace.allocate_activation(B * T * V * e));  // dlogits
+  // Backward's workspace, held until the embedding's backward pass: two alternating slices of the residual stream's
+  // gradient, one layer's activation gradients, the head's dlnf and dlogits.
+  const auto workspace = trace.allocate_activation((20 * B * T * C + 2 * B * H * T * T + B * T * V) * e);
   trace.free_activation(head);
   trace.end_pass();
   for (std::uint32_t l = config.layers; l-- > 0;) {
     trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::backward);
     for (const auto t : layers[l]) trace.touch(t);
-    trace.free_activation(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
     trace.free_activation(saved[l]);
     trace.end_pass();
   }
   trace.begin_pass("embed", pass_kind::backward);
   trace.touch(wte);
   trace.touch(wpe);
-  trace.free_activation(trace.allocate_activation(B * T * C * e));
+  trace.free_activation(workspace);
   trace.free_activation(encoded);
   trace.end_pass();
   CHECK(trace.live_activation_bytes() == 0);
@@ -479,10 +483,13 @@ TEST_CASE("flash attention drops the score matrices and recompute keeps only lay
   CHECK(model.passes[1].activation_bytes == B * T * C * 4 + flash_layer);
   config.recompute = true;
   model = gpt2_profile(config);
-  // Forward of layer 2: embed + three saved inputs + layer 2's own activations while it runs.
-  CHECK(model.passes[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + flash_layer);
-  // Backward of layer 11: everything saved, its recomputed activations and their gradients.
-  CHECK(model.passes[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + 2 * flash_layer);
+  // Forward of layer 2: embed + three saved layer outputs (its own included) + the slot of a layer's other
+  // activations, which every pass holds.
+  const std::uint64_t slot = flash_layer - B * T * C * 4;
+  CHECK(model.passes[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + slot);
+  // Backward of layer 11: everything saved, the slot it recomputes into, and backward's workspace.
+  const std::uint64_t workspace = (20 * B * T * C + B * H * T + B * T * 50257) * 4;
+  CHECK(model.passes[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + slot + workspace);
   CHECK(model.passes[15].flops == 3 * model.passes[12].flops);
   CHECK(gpt2_profile(gpt2_124m).peak_activation_bytes() > model.peak_activation_bytes() + L * (full_layer - B * T * C * 4) / 2);
   CHECK(gpt_20b.recompute);

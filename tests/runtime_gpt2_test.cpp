@@ -68,6 +68,7 @@ struct run_options {
   std::optional<std::size_t> layout_candidate{};  // the search's knob: which of the layout's candidates
   const std::vector<std::vector<float>>* initial = nullptr;  // initial parameters per tensor (else the seed's)
   bool recompute = false;  // activation checkpointing in the trainer's schedule
+  bool activations_on_device = false;  // the activations in the runtime's device tier, as train_gpt2 keeps them
 };
 
 /// Trains `ranks` thread ranks under Plan; returns rank 0's parameters per tensor and the transition statistics of
@@ -109,7 +110,11 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
               std::copy((*run.initial)[t].begin(), (*run.initial)[t].end(), values.begin());
             };
         runtime<Plan, Backend, thread_comm> rt(model, comm, initialize, options);
-        gpt2::activations<float> acts(config);
+        const auto activation_bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+        auto activation_memory = run.activations_on_device ? rt.device_workspace(activation_bytes)
+                                                           : typename decltype(rt)::workspace{};
+        gpt2::activations<float> acts(config, run.activations_on_device ? activation_memory.template as<float>().data()
+                                                                        : nullptr);
         fp32_compute compute(rt);
         gpt2::chunk_executor passes(rt, compute, acts);  // the step's schedule on chunk memory
         if (!run.load_from.empty()) rt.load_checkpoint(run.load_from);
@@ -273,7 +278,8 @@ TEST_CASE("ZeRO-3 gathers each chunk for forward and again for backward") {
 
 TEST_CASE("the trainer's dry run against the tracer gives the analytic GPT-2 profile") {
   for (const std::size_t batch : {1u, 3u}) {
-    const auto config = tiny(batch);
+    auto config = tiny(batch);
+    config.recompute = batch == 3;  // activation checkpointing's slot and backward workspace, counted alike
     const auto traced = gpt2::trace_profile(config);
     const auto analytic = gpt2_profile(gpt2::profile_config(config));
     REQUIRE(traced.tensors.size() == analytic.tensors.size());
@@ -404,6 +410,34 @@ TEST_CASE("a device budget below parameters + gradients + optimizer states still
   CHECK(host.peak > 0);
   CHECK_THROWS_WITH_AS(train<replicated_plan>(1, {.steps = 1, .offloaded_chunks = 1}),
                        doctest::Contains("offloaded_chunks must be 0"), error);
+}
+
+TEST_CASE("the trainer's activations in the device tier: counted beside the chunks, refused past the budget") {
+  // The activations are held for the whole run, so a plan's device peak with them in the tier is its peak without
+  // them plus their bytes, and the parameters are the reference's.
+  auto config = tiny(1);
+  const byte_count activation_bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+  tier_stats outside, inside;
+  (void)train<zero3_plan>(1, {.device_stats = &outside});
+  check_equal(train<zero3_plan>(1, {.device_stats = &inside, .activations_on_device = true}).first, reference(1));
+  CHECK(inside.peak == outside.peak + activation_bytes);
+  // One rank's peak is what it needs: a byte less is refused with the tier's numbers, that much trains.
+  CHECK_THROWS_WITH_AS(train<zero3_plan>(1, {.steps = 1, .device_budget = inside.peak - 1,
+                                             .activations_on_device = true}),
+                       doctest::Contains("cannot allocate"), error);
+  check_equal(train<zero3_plan>(1, {.device_budget = inside.peak, .activations_on_device = true}).first,
+              reference(1));
+  // Several ranks gather ahead and keep accumulators while reductions run, in what memory is free: the budget the
+  // chunks took without the activations, plus the activations, still trains (prefetched gathers stay within the
+  // widest pass plus one and leave the rest to the acquires).
+  for (const int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    tier_stats chunks_only;
+    (void)train<zero3_plan>(ranks, {.device_stats = &chunks_only});
+    check_equal(train<zero3_plan>(ranks, {.device_budget = chunks_only.peak + activation_bytes,
+                                          .activations_on_device = true}).first,
+                reference(ranks));
+  }
 }
 
 namespace {

@@ -469,7 +469,7 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   const int* d_targets = s.upload(s.targets, targets, "targets");
   zero(s.dlogits);
   zero(s.dlnf);
-  float* dresidual = raw(s.dresidual) + s.L * BTC;
+  float* dresidual = raw(s.dresidual) + s.dresidual_offset(s.L);
   zero(dresidual, BTC);
   const float* residual = raw(s.residual3) + (s.L - 1) * BTC;
   const float dloss = 1.0f / static_cast<float>(BT);
@@ -499,8 +499,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   const float* ln2_rstd = raw(s.ln2_rstd) + k * BT;
   const float* fch = raw(s.fch) + k * BTC * 4;
   const float* fch_gelu = raw(s.fch_gelu) + k * BTC * 4;
-  const float* dresidual3 = raw(s.dresidual) + (l + 1) * BTC;
-  float* dresidual = raw(s.dresidual) + l * BTC;
+  const float* dresidual3 = raw(s.dresidual) + s.dresidual_offset(l + 1);
+  float* dresidual = raw(s.dresidual) + s.dresidual_offset(l);
   for (auto* b : {&s.dln1, &s.dqkv, &s.datty, &s.dpreatt, &s.datt, &s.dattproj, &s.dresidual2, &s.dln2, &s.dfch,
                   &s.dfch_gelu, &s.dfcproj})
     zero(*b);
@@ -532,8 +532,9 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
 void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts) {
   auto& s = acts.buffers();
   const int* d_tokens = s.upload(s.tokens, tokens, "tokens");
-  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, d_wpe, device_detail::raw(s.dresidual),
-                                                                      d_tokens, s.B * s.T, s.T, s.C});
+  const float* dresidual = device_detail::raw(s.dresidual) + s.dresidual_offset(0);
+  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, d_wpe, dresidual, d_tokens, s.B * s.T,
+                                                                      s.T, s.C});
 }
 
 }  // namespace gpt2

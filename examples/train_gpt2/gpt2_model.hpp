@@ -41,9 +41,11 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace gpt2 {
@@ -106,6 +108,7 @@ inline chunkwise::gpt2_config profile_config(const model_config& config) {
   profile.context = static_cast<std::uint32_t>(config.context);
   profile.micro_batch = static_cast<std::uint32_t>(config.batch);
   profile.type = chunkwise::dtype::fp32;
+  profile.recompute = config.recompute;
   return profile;
 }
 
@@ -183,33 +186,58 @@ struct layer_grads {
 
 // ----------------------------------------------------------------------------------------------------------------
 // Activations: what forward keeps for backward (llm.c's ActivationTensors), and backward's scratch gradients.
-// Buffer: where they live; the CPU passes use std::vector, the device passes (device_model_impl.hpp) Thrust's
-// device_vector, with these very sizes.
+// Buffer: a view of where they live. The CPU passes use std::span over one block of memory: the trainer's own, or
+// lent from the runtime's device tier, so the bytes the planner charged as activations are the bytes these take
+// (4 * total_elements(config) == the profile's peak activation bytes). The device passes (device_model_impl.hpp)
+// use Thrust's device_vector, with these very sizes.
 
-template <class Real, class Buffer = std::vector<Real>>
+namespace detail {
+/// A buffer that only counts its elements (activations::total_elements).
+struct counted_buffer {
+  counted_buffer() = default;
+  template <class Real>
+  counted_buffer(std::size_t n, Real) : elements(n) {}
+  [[nodiscard]] std::size_t size() const noexcept { return elements; }
+  std::size_t elements = 0;
+};
+}  // namespace detail
+
+template <class Real, class Buffer = std::span<Real>>
 struct activations {
-  explicit activations(const model_config& config)
+  /// Owns its memory. Every buffer starts zeroed.
+  explicit activations(const model_config& config) : activations(config, nullptr) {}
+  /// In `memory`: total_elements(config) host elements the caller keeps alive; nullptr: owns its memory. A Buffer
+  /// that allocates itself (device_vector) takes nullptr.
+  activations(const model_config& config, Real* memory)
       : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
         Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
     validate(config);
-    const std::size_t BT = B * T, BTC = B * T * C, S = slots;
-    auto sized = [](std::size_t n) { return Buffer(n, Real(0)); };
-    encoded = sized(BTC);
-    ln1 = sized(S * BTC), ln1_mean = sized(S * BT), ln1_rstd = sized(S * BT);
-    qkv = sized(S * BTC * 3), atty = sized(S * BTC);
-    preatt = sized(S * B * NH * T * T), att = sized(S * B * NH * T * T);
-    attproj = sized(S * BTC), residual2 = sized(S * BTC);
-    ln2 = sized(S * BTC), ln2_mean = sized(S * BT), ln2_rstd = sized(S * BT);
-    fch = sized(S * BTC * 4), fch_gelu = sized(S * BTC * 4), fcproj = sized(S * BTC), residual3 = sized(L * BTC);
-    lnf = sized(BTC), lnf_mean = sized(BT), lnf_rstd = sized(BT);
-    logits = sized(BT * Vp), probs = sized(BT * Vp), losses = sized(BT);
+    if constexpr (std::is_same_v<Buffer, std::span<Real>>) {
+      if (memory == nullptr) {
+        owned_.assign(total_elements(config), Real(0));
+        memory = owned_.data();
+      } else {
+        std::fill_n(memory, total_elements(config), Real(0));
+      }
+      assign([&](std::size_t n) { return std::span<Real>(std::exchange(memory, memory + n), n); });
+    } else {
+      assign([](std::size_t n) { return Buffer(n, Real(0)); });
+    }
+  }
+  activations(const activations&) = delete;  // views into owned_ would alias
+  activations& operator=(const activations&) = delete;
 
-    dresidual = sized((L + 1) * BTC);
-    dln1 = sized(BTC), dqkv = sized(BTC * 3), datty = sized(BTC);
-    dpreatt = sized(B * NH * T * T), datt = sized(B * NH * T * T);
-    dattproj = sized(BTC), dresidual2 = sized(BTC), dln2 = sized(BTC);
-    dfch = sized(BTC * 4), dfch_gelu = sized(BTC * 4), dfcproj = sized(BTC);
-    dlnf = sized(BTC), dlogits = sized(BT * Vp);
+  /// The elements every buffer together takes: what forward keeps, the recompute slot, and backward's workspace
+  /// (the profile's peak activation bytes, reached in the head's backward pass).
+  [[nodiscard]] static std::size_t total_elements(const model_config& config) {
+    return activations<Real, detail::counted_buffer>(config, nullptr).held_elements();
+  }
+  [[nodiscard]] std::size_t held_elements() const noexcept {
+    std::size_t n = saved_elements();
+    for (const auto* buffer : {&dresidual, &dln1, &dqkv, &datty, &dpreatt, &datt, &dattproj, &dresidual2, &dln2, &dfch,
+                               &dfch_gelu, &dfcproj, &dlnf, &dlogits})
+      n += buffer->size();
+    return n;
   }
 
   /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
@@ -249,10 +277,38 @@ struct activations {
   Buffer losses;                   // (B, T)          cross-entropy of each position
 
   // Backward: gradients of the mean loss with respect to activations.
-  Buffer dresidual;  // (L + 1, B, T, C): slice l = d(input of layer l), slice L = d(output of layer L-1)
+  Buffer dresidual;  // (2, B, T, C): d(input of layer l) at dresidual_offset(l); l = L: d(output of layer L-1)
   // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
   Buffer dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
   Buffer dlnf, dlogits;  // the head's
+
+  /// Where in dresidual the gradient of layer l's input lies (l = L: of the last layer's output). Layer l's backward
+  /// reads l + 1's and writes l's, so two slices alternate (llm.c keeps all L + 1).
+  [[nodiscard]] std::size_t dresidual_offset(std::size_t l) const noexcept { return (l % 2) * B * T * C; }
+
+ private:
+  // Every buffer, in one order, from make(elements).
+  template <class Make>
+  void assign(Make&& make) {
+    const std::size_t BT = B * T, BTC = B * T * C, S = slots;
+    encoded = make(BTC);
+    ln1 = make(S * BTC), ln1_mean = make(S * BT), ln1_rstd = make(S * BT);
+    qkv = make(S * BTC * 3), atty = make(S * BTC);
+    preatt = make(S * B * NH * T * T), att = make(S * B * NH * T * T);
+    attproj = make(S * BTC), residual2 = make(S * BTC);
+    ln2 = make(S * BTC), ln2_mean = make(S * BT), ln2_rstd = make(S * BT);
+    fch = make(S * BTC * 4), fch_gelu = make(S * BTC * 4), fcproj = make(S * BTC), residual3 = make(L * BTC);
+    lnf = make(BTC), lnf_mean = make(BT), lnf_rstd = make(BT);
+    logits = make(BT * Vp), probs = make(BT * Vp), losses = make(BT);
+
+    dresidual = make(2 * BTC);
+    dln1 = make(BTC), dqkv = make(BTC * 3), datty = make(BTC);
+    dpreatt = make(B * NH * T * T), datt = make(B * NH * T * T);
+    dattproj = make(BTC), dresidual2 = make(BTC), dln2 = make(BTC);
+    dfch = make(BTC * 4), dfch_gelu = make(BTC * 4), dfcproj = make(BTC);
+    dlnf = make(BTC), dlogits = make(BT * Vp);
+  }
+  std::vector<Real> owned_;  // the memory of a span Buffer given none
 };
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -614,7 +670,7 @@ void crossentropy_softmax_backward(Real* dlogits, const Real* probs, const int* 
 }
 
 template <class Real>
-void zero(std::vector<Real>& buffer) {
+void zero(std::span<Real> buffer) {
   std::fill(buffer.begin(), buffer.end(), Real(0));
 }
 
@@ -699,7 +755,7 @@ void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight
   check_tokens(targets, B * T, V, "targets");
   zero(acts.dlogits);
   zero(acts.dlnf);
-  Real* dresidual = acts.dresidual.data() + acts.L * BTC;
+  Real* dresidual = acts.dresidual.data() + acts.dresidual_offset(acts.L);
   std::fill(dresidual, dresidual + BTC, Real(0));
   const Real* residual = acts.residual3.data() + (acts.L - 1) * BTC;
 
@@ -731,8 +787,8 @@ void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_
   const Real* ln2_rstd = acts.ln2_rstd.data() + s * BT;
   const Real* fch = acts.fch.data() + s * BTC * 4;
   const Real* fch_gelu = acts.fch_gelu.data() + s * BTC * 4;
-  const Real* dresidual3 = acts.dresidual.data() + (l + 1) * BTC;  // d(output of this layer)
-  Real* dresidual = acts.dresidual.data() + l * BTC;               // d(input of this layer)
+  const Real* dresidual3 = acts.dresidual.data() + acts.dresidual_offset(l + 1);  // d(output of this layer)
+  Real* dresidual = acts.dresidual.data() + acts.dresidual_offset(l);               // d(input of this layer)
 
   using namespace kernels;
   for (auto* buffer : {&acts.dln1, &acts.dqkv, &acts.datty, &acts.dpreatt, &acts.datt, &acts.dattproj,
@@ -765,7 +821,8 @@ void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_
 template <class Real>
 void embed_backward(Real* d_wte, Real* d_wpe, const int* tokens, activations<Real>& acts) {
   kernels::check_tokens(tokens, acts.B * acts.T, acts.V, "tokens");
-  kernels::encoder_backward(d_wte, d_wpe, acts.dresidual.data(), tokens, acts.B, acts.T, acts.C);
+  kernels::encoder_backward(d_wte, d_wpe, acts.dresidual.data() + acts.dresidual_offset(0), tokens, acts.B, acts.T,
+                            acts.C);
 }
 
 }  // namespace gpt2

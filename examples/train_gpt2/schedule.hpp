@@ -37,7 +37,7 @@ struct pass_info {
   chunkwise::pass_kind kind;
   std::vector<std::size_t> tensors;  // the parameter tensors it touches (and, in backward, their gradients)
   chunkwise::byte_count saved = 0;   // forward: activations kept until the backward pass of the same label
-  chunkwise::byte_count scratch = 0; // working buffers allocated and freed inside the pass
+  chunkwise::byte_count scratch = 0; // working buffers live during the pass besides what is saved
   std::uint64_t flops = 0;
 };
 
@@ -50,7 +50,8 @@ inline std::vector<std::size_t> layer_tensors(std::size_t layer) {
   return tensors;
 }
 
-// The bytes (fp32 activations) and FLOPs of the passes: what chunkwise/profile/gpt2.hpp counts analytically.
+// The bytes (fp32 activations) and FLOPs of the passes: what chunkwise/profile/gpt2.hpp counts analytically, and
+// what activations<float> holds (activations::total_elements * 4 is the peak: the head's backward pass).
 struct pass_costs {
   explicit pass_costs(const model_config& config)
       : B(config.batch), T(config.context), C(config.channels), Vp(config.vocab_rows()), H(config.heads),
@@ -60,13 +61,18 @@ struct pass_costs {
   static constexpr chunkwise::byte_count f = sizeof(float);
   chunkwise::byte_count embed() const { return B * T * C * f; }
   chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
-  // Under recompute a block keeps only its output (B*T*C) and works in the one shared slice of the rest.
+  // Under recompute a block keeps only its output (B*T*C) and works in the one shared slot of the rest.
   chunkwise::byte_count layer_saved() const { return recompute ? B * T * C * f : layer(); }
-  chunkwise::byte_count layer_forward_scratch() const { return recompute ? layer() - B * T * C * f : 0; }
-  chunkwise::byte_count layer_backward_scratch() const { return layer() + layer_forward_scratch(); }
-  std::uint64_t layer_backward_flops() const { return (recompute ? 3 : 2) * layer_flops(); }
   chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
-  chunkwise::byte_count head_scratch() const { return B * T * Vp * f; }
+  // Buffers the trainer holds through the step, counted as every pass's scratch (so each pass's bytes are what is
+  // live while it runs): the recompute slot in every pass, backward's workspace in every backward pass (the two
+  // alternating slices of the residual stream's gradient, one block's activation gradients, the head's dlnf and
+  // dlogits).
+  chunkwise::byte_count slot() const { return recompute ? layer() - B * T * C * f : 0; }
+  chunkwise::byte_count backward_workspace() const { return (20 * B * T * C + 2 * B * H * T * T + B * T * Vp) * f; }
+  chunkwise::byte_count forward_scratch() const { return slot(); }
+  chunkwise::byte_count backward_scratch() const { return slot() + backward_workspace(); }
+  std::uint64_t layer_backward_flops() const { return (recompute ? 3 : 2) * layer_flops(); }
   std::uint64_t layer_flops() const { return 2 * B * T * 12 * C * C + 4 * B * T * T * C; }
   std::uint64_t head_flops() const { return 2 * B * T * C * Vp; }
 };
@@ -100,13 +106,15 @@ double forward(Executor& run, const model_config& config, const int* tokens, con
   const schedule_detail::pass_costs cost(config);
   const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
   double loss = 0;
-  run.pass({"embed", pass_kind::forward, {wte_index, wpe_index}, cost.embed(), 0, 0},
+  run.pass({"embed", pass_kind::forward, {wte_index, wpe_index}, cost.embed(), cost.forward_scratch(), 0},
            [&](auto& x) { embed_forward(x.param(wte_index), x.param(wpe_index), tokens, x.acts()); });
   for (std::size_t l = 0; l < config.layers; ++l)
     run.pass({"h." + std::to_string(l), pass_kind::forward, schedule_detail::layer_tensors(l), cost.layer_saved(),
-              cost.layer_forward_scratch(), cost.layer_flops()},
+              cost.forward_scratch(), cost.layer_flops()},
              [&](auto& x) { layer_forward(l, schedule_detail::layer_params_of(x, l), x.acts()); });
-  run.pass({"head", pass_kind::forward, {lnf_w, lnf_b, wte_index}, cost.head(), 0, cost.head_flops()}, [&](auto& x) {
+  run.pass({"head", pass_kind::forward, {lnf_w, lnf_b, wte_index}, cost.head(), cost.forward_scratch(),
+            cost.head_flops()},
+           [&](auto& x) {
     loss = static_cast<double>(head_forward(x.param(lnf_w), x.param(lnf_b), x.param(wte_index), targets, x.acts()));
   });
   return loss;
@@ -119,14 +127,15 @@ void backward(Executor& run, const model_config& config, const int* tokens, cons
   using chunkwise::pass_kind;
   const schedule_detail::pass_costs cost(config);
   const std::size_t lnf_w = ln_f_weight_index(config), lnf_b = ln_f_bias_index(config);
-  run.pass({"head", pass_kind::backward, {lnf_w, lnf_b, wte_index}, 0, cost.head_scratch(), 2 * cost.head_flops()},
+  run.pass({"head", pass_kind::backward, {lnf_w, lnf_b, wte_index}, 0, cost.backward_scratch(),
+            2 * cost.head_flops()},
            [&](auto& x) {
              head_backward(x.param(lnf_w), x.param(wte_index), x.grad(lnf_w), x.grad(lnf_b), x.grad(wte_index),
                            targets, x.acts());
            });
   for (std::size_t l = config.layers; l-- > 0;)
     run.pass({"h." + std::to_string(l), pass_kind::backward, schedule_detail::layer_tensors(l), 0,
-              cost.layer_backward_scratch(), cost.layer_backward_flops()},
+              cost.backward_scratch(), cost.layer_backward_flops()},
              [&](auto& x) {
                // Activation checkpointing: the block's forward again, from its input (the checkpoint kept), into the
                // shared slice; the same maths, so the same bits.
@@ -134,7 +143,7 @@ void backward(Executor& run, const model_config& config, const int* tokens, cons
                layer_backward(l, schedule_detail::layer_params_of(x, l), schedule_detail::layer_grads_of(x, l),
                               x.acts());
              });
-  run.pass({"embed", pass_kind::backward, {wte_index, wpe_index}, 0, cost.embed(), 0},
+  run.pass({"embed", pass_kind::backward, {wte_index, wpe_index}, 0, cost.backward_scratch(), 0},
            [&](auto& x) { embed_backward(x.grad(wte_index), x.grad(wpe_index), tokens, x.acts()); });
 }
 
@@ -151,12 +160,14 @@ class tracing_executor {
   void pass(const pass_info& info, Body&&) {
     trace_.begin_pass(info.label.c_str(), info.kind);
     for (const auto t : info.tensors) trace_.touch(handles_[t]);
+    // What a forward pass keeps is written while its scratch is live, and a backward pass reads its saved
+    // activations while its scratch is live: both count together.
+    if (info.kind == chunkwise::pass_kind::forward && info.saved > 0)
+      saved_.emplace(info.label, trace_.allocate_activation(info.saved));
     if (info.scratch > 0) trace_.free_activation(trace_.allocate_activation(info.scratch));
     if (info.kind == chunkwise::pass_kind::backward) {
       const auto saved = saved_.find(info.label);
       if (saved != saved_.end()) trace_.free_activation(saved->second), saved_.erase(saved);
-    } else if (info.saved > 0) {
-      saved_.emplace(info.label, trace_.allocate_activation(info.saved));
     }
     trace_.add_flops(info.flops);
     trace_.end_pass();

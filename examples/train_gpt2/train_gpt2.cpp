@@ -608,8 +608,21 @@ class step_passes {
   step_passes(Runtime& rt, const options& o, int rank) {
     if constexpr (!device_chunks) {
       compute_.emplace(rt);
-      acts_ = std::make_unique<gpt2::activations<float>>(o.model);
-      on_cpu_.emplace(rt, *compute_, *acts_);
+      if (o.backend != "cuda") {
+        // The activations in the device tier beside the chunks: the bytes the plan charged them (the profile's peak).
+        const auto bytes = gpt2::activations<float>::total_elements(o.model) * sizeof(float);
+        try {
+          activation_memory_ = rt.device_workspace(bytes);
+        } catch (const chunkwise::error& e) {
+          if (e.code() != error_code::out_of_memory) throw;
+          std::string tier = e.what();
+          tier.erase(0, tier.find(": ") + 2);  // the "chunkwise: " prefix, which the new error adds again
+          throw_error(error_code::out_of_memory, "train_gpt2: the activations (" + format_bytes(bytes) +
+                                                     ") do not fit the device beside the chunks: " + tier);
+        }
+        acts_ = std::make_unique<gpt2::activations<float>>(o.model, activation_memory_.template as<float>().data());
+        on_cpu_.emplace(rt, *compute_, *acts_);
+      }
     }
 #if CHUNKWISE_GPT2_CUDA
     if (o.backend != "cuda") return;
@@ -650,7 +663,8 @@ class step_passes {
 
  private:
   std::optional<fp32_compute<Runtime>> compute_;
-  std::unique_ptr<gpt2::activations<float>> acts_;
+  typename Runtime::workspace activation_memory_;
+  std::unique_ptr<gpt2::activations<float>> acts_;  // in activation_memory_
   std::optional<gpt2::chunk_executor<Runtime>> on_cpu_;
 #if CHUNKWISE_GPT2_CUDA
   std::unique_ptr<gpt2::device_workspace> workspace_;

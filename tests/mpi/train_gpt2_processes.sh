@@ -45,8 +45,8 @@ offloaded='min_waste/resident/shard_grads/offload<pinned_host>'
 threads t2 2 --steps 3 --plan 'min_waste/resident/replicated/follows_home'
 processes p2 2 --steps 3 --plan 'min_waste/resident/replicated/follows_home'
 same_run t2 p2
-threads t4_cached 4 --steps 3 --plan "$cached_sharded" --device-budget 1800KiB
-processes p4_cached 4 --steps 3 --plan "$cached_sharded" --device-budget 1800KiB
+threads t4_cached 4 --steps 3 --plan "$cached_sharded" --device-budget 2000KiB
+processes p4_cached 4 --steps 3 --plan "$cached_sharded" --device-budget 2000KiB
 grep -q 'streamed' p4_cached.log || fail "p4_cached streamed nothing: the budget no longer forces the cache"
 same_run t4_cached p4_cached
 threads t4_bf16 4 --steps 3 --plan "$offloaded" --dtype bf16

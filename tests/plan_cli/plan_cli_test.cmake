@@ -302,8 +302,8 @@ if(SUITE STREQUAL "flags")
 
 # ---------------------------------------------------------------------------------------------------------------------
 elseif(SUITE STREQUAL "json")
-  # Four ranks of 11 GiB: some plans fit, some do not, so both kinds of plans[] entries appear.
-  run_plan(report EXPECT 0 STDOUT_VAR j ARGS --model gpt2-124m --gpus 4 --gpu-mem 11GiB --json)
+  # Four ranks of 12 GiB: some plans fit, some do not, so both kinds of plans[] entries appear.
+  run_plan(report EXPECT 0 STDOUT_VAR j ARGS --model gpt2-124m --gpus 4 --gpu-mem 12GiB --json)
   require_json("${j}" report)
   expect_fields("${j}" format:STRING version:INTEGER model:STRING params:INTEGER tensors:INTEGER tensor_list:ARRAY
                       passes:INTEGER tensor_bytes:INTEGER peak_activation_bytes:INTEGER ranks:INTEGER

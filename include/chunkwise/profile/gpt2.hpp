@@ -15,11 +15,14 @@
 //                                                           preatt and att are H*T*T per sequence)
 //   head:     B*T*(C + 2) + 2*B*T*V + B*T                   (lnf and its stats, logits, probs, losses)
 // With flash_attention the H*T*T score matrices are not kept (B*H*T softmax statistics are), as FlashAttention does.
-// With recompute (activation checkpointing per layer) a layer keeps only its input, B*T*C, and its backward pass
-// recomputes the layer first: it holds the layer's full activations again, and does the forward FLOPs once more.
-// A forward pass holds everything saved so far. A backward pass holds what is still saved plus the gradients of the
-// pass's own activations (one layer's worth, or the head's logits gradient), the working set of llm.c's backward.
-// Times size_of(dtype) bytes.
+// With recompute (activation checkpointing per layer) a layer keeps only its output, B*T*C, and its backward pass
+// recomputes the layer first, in one slot of a layer's other activations (B*T*(17*C + 4) + the scores) that every
+// pass holds; it does the forward FLOPs once more.
+// A forward pass holds everything saved so far. A backward pass holds what is still saved plus backward's workspace,
+// held from the head's backward pass to the embedding's: the gradient of the residual stream in two alternating
+// slices (2*B*T*C), one layer's activation gradients (B*T*17*C + the scores'), the head's dlnf (B*T*C) and dlogits
+// (B*T*V). The peak is the head's backward pass: all saved, the slot and the workspace, the memory the example trainer
+// allocates (examples/train_gpt2: activations<float>). Times size_of(dtype) bytes.
 //
 // FLOPs (a multiply-add is two), forward, as llm.c counts them: per layer 2*B*T*12*C^2 for the four matrix products
 // plus 2*2*B*T*T*C for the attention scores and their weighted sum (computed for the full square, as llm.c does);
@@ -117,9 +120,10 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count layer_acts =
       (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : 2 * b * h * t * t)) * element;
   const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
-  const byte_count recomputed = config.recompute ? layer_acts : 0;  // a layer's activations rebuilt in its pass
+  const byte_count slot = config.recompute ? layer_acts - b * t * c * element : 0;  // where a layer is recomputed
   const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
-  const byte_count head_grad_acts = b * t * v * element;  // dlogits
+  const byte_count backward_workspace =
+      (20 * b * t * c + (config.flash_attention ? b * h * t : 2 * b * h * t * t) + b * t * v) * element;
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
   const std::uint64_t head_flops = 2 * b * t * c * v;
 
@@ -133,7 +137,7 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   };
   const std::uint32_t wte = add("wte", v * c, /*tied=*/true);
   const std::uint32_t wpe = add("wpe", t * c);
-  model.passes.push_back(profile_pass{"embed", pass_kind::forward, {wte, wpe}, embed_acts});
+  model.passes.push_back(profile_pass{"embed", pass_kind::forward, {wte, wpe}, embed_acts + slot});
 
   constexpr std::array<std::string_view, 12> suffixes{
       "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
@@ -144,26 +148,28 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
     profile_pass pass{detail::layer_tensor_name(layer, ""), pass_kind::forward, {}, 0};
     for (std::size_t i = 0; i < suffixes.size(); ++i)
       pass.tensors.push_back(add(detail::layer_tensor_name(layer, suffixes[i]), sizes[i]));
-    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed;
+    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + slot;
     pass.flops = layer_flops;
     model.passes.push_back(pass);
   }
   const std::uint32_t ln_f_weight = add("ln_f.weight", c);
   const std::uint32_t ln_f_bias = add("ln_f.bias", c);
   const byte_count all_saved = embed_acts + config.layers * saved_per_layer + head_acts;
-  model.passes.push_back(profile_pass{"head", pass_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved, head_flops});
+  model.passes.push_back(
+      profile_pass{"head", pass_kind::forward, {ln_f_weight, ln_f_bias, wte}, all_saved + slot, head_flops});
 
   // Backward: head, layers in reverse, embedding. A pass's saved activations are freed after it runs.
-  model.passes.push_back(
-      profile_pass{"head", pass_kind::backward, {ln_f_weight, ln_f_bias, wte}, all_saved + head_grad_acts, 2 * head_flops});
+  model.passes.push_back(profile_pass{"head", pass_kind::backward, {ln_f_weight, ln_f_bias, wte},
+                                      all_saved + slot + backward_workspace, 2 * head_flops});
   for (std::uint32_t layer = config.layers; layer-- > 0;) {
     profile_pass pass = model.passes[1 + layer];
     pass.kind = pass_kind::backward;
-    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + recomputed + layer_acts;
+    pass.activation_bytes = embed_acts + (layer + 1) * saved_per_layer + slot + backward_workspace;
     pass.flops = (config.recompute ? 3 : 2) * layer_flops;
     model.passes.push_back(pass);
   }
-  model.passes.push_back(profile_pass{"embed", pass_kind::backward, {wte, wpe}, embed_acts + b * t * c * element});
+  model.passes.push_back(
+      profile_pass{"embed", pass_kind::backward, {wte, wpe}, embed_acts + slot + backward_workspace});
   return model;
 }
 

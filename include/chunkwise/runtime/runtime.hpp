@@ -38,6 +38,7 @@
 #include <chunkwise/runtime/options.hpp>
 #include <chunkwise/runtime/parameter_fetches.hpp>
 #include <chunkwise/runtime/pass_guard.hpp>
+#include <chunkwise/tier/lease.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -164,6 +165,12 @@ class runtime {
   void copy_to_host(std::span<T> host, std::span<const T> device) { detail::copy_to_host(device_, host, device); }
   template <class T>
   void copy_to_device(std::span<T> device, std::span<const T> host) { detail::copy_to_device(device_, device, host); }
+
+  /// Device memory for the trainer's own buffers (its activations: the profile's activation bytes, which the plan
+  /// charged to the device), from the device tier beside the chunks and under its budget; throws out_of_memory with
+  /// the tier's numbers when they do not fit. Counted in device_stats(). Give it back before the runtime goes.
+  using workspace = tier_lease<device_tier>;
+  [[nodiscard]] workspace device_workspace(byte_count bytes) { return {device_, bytes}; }
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.
