@@ -166,9 +166,8 @@ class runtime {
   template <class T>
   void copy_to_device(std::span<T> device, std::span<const T> host) { detail::copy_to_device(device_, device, host); }
 
-  /// Device memory for the trainer's own buffers (its activations: the profile's activation bytes, which the plan
-  /// charged to the device), from the device tier beside the chunks and under its budget; throws out_of_memory with
-  /// the tier's numbers when they do not fit. Counted in device_stats(). Give it back before the runtime goes.
+  /// The trainer's own device memory (its activations, which the plan charged to the device) from the device tier,
+  /// counted in device_stats(); out_of_memory with the tier's numbers past its budget. Return it before the runtime.
   using workspace = tier_lease<device_tier>;
   [[nodiscard]] workspace device_workspace(byte_count bytes) { return {device_, bytes}; }
 
@@ -177,15 +176,9 @@ class runtime {
   void zero_grad() { for (auto& b : chunks_) b.gradient.zero(); }
 
   /// Ends the iteration with learning rate lr: every chunk's AdamW update (runtime_options::learning_rate unset).
-  void step(float lr) {
-    optimizer_.check_step_call(/*scheduled=*/false);
-    finish_step(lr);
-  }
+  void step(float lr) { optimizer_.check_step_call(/*scheduled=*/false); finish_step(lr); }
   /// Ends the iteration at the scheduled learning rate; updates that started during backward are waited for.
-  void step() {
-    optimizer_.check_step_call(/*scheduled=*/true);
-    finish_step(std::nullopt);
-  }
+  void step() { optimizer_.check_step_call(/*scheduled=*/true); finish_step(std::nullopt); }
 
   /// A copy of tensor t's current working parameters, as fp32 (what the trainer computes with). A collective call
   /// for plans that shard parameters: every rank calls it, for the same tensors in the same order.
