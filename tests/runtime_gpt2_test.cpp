@@ -113,7 +113,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
         const auto activation_bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
         auto activation_memory = run.activations_on_device ? rt.device_workspace(activation_bytes)
                                                            : typename decltype(rt)::workspace{};
-        gpt2::activations<float> acts(config, run.activations_on_device ? activation_memory.template as<float>().data()
+        gpt2::activations<float> acts(config, run.activations_on_device ? activation_memory.data()
                                                                         : nullptr);
         fp32_compute compute(rt);
         gpt2::chunk_executor passes(rt, compute, acts);  // the step's schedule on chunk memory

@@ -10,6 +10,10 @@
 # (goal: R <= 1.10; C and N: what exact clipping's deferred updates cost). The line before it gives the cost
 # model's R for this machine: on the host backend the copies share the cores with compute and cannot all hide.
 # Step time: the trainer's median step after the first (cold) one; measured and predicted: medians over ROUNDS runs.
+# Each run calibrates its compute rate and predicts its own step in its own process; the table's error is the median
+# over rounds of (measured - predicted) / measured, each run against its own prediction, and the predicted R is the
+# median over rounds of the ratio of the streamed and resident runs' predictions (run one after the other), as this
+# machine's speed moves by 30-50% over tens of seconds: medians of predictions taken apart once gave 0.98.
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-20}"
@@ -56,12 +60,16 @@ for r in range(rounds):
         if drive: moved[name] += f"; drive at {drive.group(1)} the predicted rate"
 median = {name: statistics.median(v) for name, v in samples.items()}
 predicted = {name: statistics.median(v) for name, v in predictions.items()}
-print(f"{'configuration':22s} {'median step ms':>15s} {'predicted':>10s}  moved (rank 0, whole run)")
+error = {name: statistics.median((m - p) / m for m, p in zip(samples[name], predictions[name])) for name in samples}
+print(f"{'configuration':22s} {'median step ms':>15s} {'predicted':>10s} {'error':>7s}  moved (rank 0, whole run)")
 for name, _ in configs:
-    print(f"{name:22s} {median[name]:15.1f} {predicted[name]:10.1f}  {moved[name]}")
+    print(f"{name:22s} {median[name]:15.1f} {predicted[name]:10.1f} {error[name]:7.1%}  {moved[name]}")
+    print(f"{'':22s} rounds (predicted/measured ms): "
+          + " ".join(f"{p:.1f}/{m:.1f}" for p, m in zip(predictions[name], samples[name])))
 # What the cost model says the streamed plan costs over the resident one on this machine: on the host backend the
 # copies run on the cores the passes compute on, so only a machine whose copies are DMA (a GPU's) can hide them all.
-print(f"predicted streamed_over_resident={predicted['streamed'] / predicted['resident']:.3f}")
+paired = statistics.median(s / r for s, r in zip(predictions["streamed"], predictions["resident"]))
+print(f"predicted streamed_over_resident={paired:.3f}")
 print(f"overlap streamed_over_resident={median['streamed'] / median['resident']:.3f} "
       f"clipped_streamed_over_streamed={median['streamed, clip 1.0'] / median['streamed']:.3f} "
       f"clipped_nvme_over_nvme={median['nvme, clip 1.0'] / median['nvme']:.3f}")

@@ -620,7 +620,7 @@ class step_passes {
           throw_error(error_code::out_of_memory, "train_gpt2: the activations (" + format_bytes(bytes) +
                                                      ") do not fit the device beside the chunks: " + tier);
         }
-        acts_ = std::make_unique<gpt2::activations<float>>(o.model, activation_memory_.template as<float>().data());
+        acts_ = std::make_unique<gpt2::activations<float>>(o.model, activation_memory_.data());
         on_cpu_.emplace(rt, *compute_, *acts_);
       }
     }

@@ -3,7 +3,6 @@
 // transfer engine. CUDA tiers: tier/cuda/*.cuh (nvcc only).
 #include <chunkwise/tier/concepts.hpp>
 #include <chunkwise/tier/host.hpp>
-#include <chunkwise/tier/lease.hpp>
 #include <chunkwise/tier/emulated_device.hpp>
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/pinned_host.hpp>

@@ -38,7 +38,6 @@
 #include <chunkwise/runtime/options.hpp>
 #include <chunkwise/runtime/parameter_fetches.hpp>
 #include <chunkwise/runtime/pass_guard.hpp>
-#include <chunkwise/tier/lease.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -168,8 +167,8 @@ class runtime {
 
   /// The trainer's own device memory (its activations, which the plan charged to the device) from the device tier,
   /// counted in device_stats(); out_of_memory with the tier's numbers past its budget. Return it before the runtime.
-  using workspace = tier_lease<device_tier>;
-  [[nodiscard]] workspace device_workspace(byte_count bytes) { return {device_, bytes}; }
+  using workspace = detail::tier_buffer;  // fp32 elements (data() is a float*), left as the tier gives them
+  [[nodiscard]] workspace device_workspace(byte_count bytes) { return {device_, (bytes + 3) / 4, dtype::fp32, {}}; }
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.
