@@ -9,6 +9,7 @@
 #include <chunkwise/collective/hybrid.hpp>
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/layout/fixed.hpp>
+#include <chunkwise/layout/per_tensor.hpp>
 #include <chunkwise/plan/default_plans.hpp>
 #include <chunkwise/runtime/fp32_compute.hpp>
 #include <chunkwise/runtime/isolated_comm.hpp>
@@ -33,6 +34,7 @@
 #include <filesystem>
 #include <future>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -914,5 +916,36 @@ TEST_CASE("a bf16 update that owns its whole home does not read the working bloc
           if (to_float(working[i]) != want) FAIL_CHECK("chunk " << c << " element " << i << ": " << to_float(working[i]));
         }
       });
+  }
+}
+
+TEST_CASE("the device cache fetches prefetch_depth whole passes ahead, however many chunks a pass touches") {
+  // per_tensor: each toy pass touches two chunks, its weight's and its bias's. A window of prefetch_depth accesses
+  // fetched a pass's last chunk only when the pass began (measured on train_gpt2: a stall of one chunk's copy at
+  // every layer); prefetch_depth passes of the widest are the window now.
+  using streamed = plan<layout::per_tensor, cached<space::pinned_host>, replicated, optimizer_follows_home>;
+  const auto model = toy::profile(toy::batch);
+  thread_world world(1, std::chrono::milliseconds(20'000));
+  thread_comm comm(world.comm(0));
+  for (const std::size_t depth : {std::size_t{1}, std::size_t{2}}) {
+    CAPTURE(depth);
+    runtime_options o;
+    o.prefetch_depth = depth;
+    o.device_blocks = 2 * toy::layers - 1;  // one short of them all (else all resident): each fetch maps a new chunk
+    runtime<streamed, host_backend, thread_comm> rt(model, comm, toy::initialize, o);
+    REQUIRE(rt.streamed_chunks() == 2 * toy::layers);
+    const auto passes = detail::chunks_by_pass(model, rt.layout());
+    REQUIRE(passes[0].size() == 2);
+    std::set<std::uint32_t> ahead;  // the chunks of pass 0 and of the depth passes after it
+    for (std::size_t p = 0; p <= depth; ++p) ahead.insert(passes[p].begin(), passes[p].end());
+    // Before the first pass: the window from the order's start (the runtime fetches it ahead), all prefetches.
+    CHECK(rt.cache_stats().prefetches == 2 * depth);  // a window of depth accesses: depth
+    CHECK(rt.cache_stats().misses == 0);
+    {
+      auto pass = rt.use(0);
+      const auto cache = rt.cache_stats();
+      CHECK(cache.misses + cache.prefetches == ahead.size());  // a window of depth accesses: 2 + depth
+      CHECK(cache.misses == 0);
+    }
   }
 }

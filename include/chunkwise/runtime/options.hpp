@@ -55,7 +55,7 @@ struct runtime_options {
   /// largest chunk (private_chunks: the private embedding's), the index tells them apart; chunk_bytes, when also
   /// given, must match it.
   std::optional<std::size_t> layout_candidate{};
-  std::size_t prefetch_depth = 2;  // passes (collective gathers) and accesses (home fetches) issued ahead
+  std::size_t prefetch_depth = 2;  // passes fetched ahead (gathers; home fetches: as many widest passes' accesses)
   gradient_handover handover = gradient_handover::profile;
   /// Profile hand-over: forward and backward runs of the profile accumulated into one step's gradients.
   std::uint32_t micro_batches = 1;
