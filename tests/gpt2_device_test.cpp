@@ -73,7 +73,8 @@ struct alias_address {
 /// Parameters after 3 steps under Plan on `ranks` thread ranks (each its rows of the same batch) with the chunks in
 /// Backend's memory: the host's, where the CPU executor computes on them (through fp32_compute), or memory the host
 /// cannot address (runtime<Plan, isolated_backend, isolated_comm>), where train_gpt2 --backend cuda's
-/// device_chunk_executor hands the device passes the runtime's own parameter and gradient memory, as on a GPU.
+/// device_chunk_executor hands the device passes the runtime's own parameter and gradient memory, as on a GPU, and
+/// the activations live in the runtime's device tier (device_budget must hold them beside the chunks).
 template <class Plan, class Backend, class Comm>
 std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget, dtype type) {
   auto config = gpt2_device_cases::small_config();
@@ -109,7 +110,18 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           gpt2::chunk_executor cpu(rt, compute, acts);
           steps(cpu);
         } else {
-          gpt2::device_workspace workspace(config);
+          // The activations in the runtime's device tier, as train_gpt2 --backend cuda takes them (the kernels here
+          // write the isolated device's host aliases).
+          const byte_count bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+          const byte_count in_use = rt.device_stats().in_use;
+          auto activation_memory = rt.device_workspace(bytes);
+          CHECK(rt.device_stats().in_use == in_use + bytes);
+          float* lent = alias_address{}(activation_memory.data());
+          std::fill_n(lent, bytes / sizeof(float), -1e30f);  // the workspace zeroes it
+          gpt2::device_workspace workspace(config, false, lent);
+          const auto& held = workspace.buffers();
+          CHECK(held.encoded.data() == lent);  // the block's first buffer; dlogits is its last
+          CHECK(held.dlogits.data() + held.dlogits.size() == lent + bytes / sizeof(float));
           gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
           steps(device);
         }
@@ -164,10 +176,12 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
   // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
   // on the CPU side).
   const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
+  const byte_count activations =
+      gpt2::activations<float>::total_elements(gpt2_device_cases::small_config()) * sizeof(float);
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
     const auto cpu = train<Plan>(false, budget, nullptr, type);
-    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget, type), cpu) == 0.0);
+    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations, type), cpu) == 0.0);
   }
 }
 

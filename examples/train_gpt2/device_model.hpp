@@ -26,8 +26,11 @@ namespace gpt2 {
 class device_workspace {
  public:
   /// `bf16_products`: the matrix products on bf16 tensor cores (operands rounded to bf16, fp32 sums: --dtype bf16);
-  /// the host system's loops stay fp32.
-  explicit device_workspace(const model_config& config, bool bf16_products = false);
+  /// the host system's loops stay fp32. `activation_memory`: activations<float>::total_elements(config) floats of
+  /// device memory for the activations, kept alive by the caller (the runtime's device tier, which the plan charged
+  /// them to: runtime::device_workspace); nullptr: the workspace allocates them itself.
+  explicit device_workspace(const model_config& config, bool bf16_products = false,
+                            float* activation_memory = nullptr);
   ~device_workspace();
   device_workspace(const device_workspace&) = delete;
   device_workspace& operator=(const device_workspace&) = delete;

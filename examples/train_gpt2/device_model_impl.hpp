@@ -235,12 +235,29 @@ inline void zero(float* p, index n) {
   });
 }
 inline void zero(buffer& b) { zero(thrust::raw_pointer_cast(b.data()), b.size()); }
+// The activations' buffers: views of one block of device memory.
+inline float* raw(std::span<float> b) { return b.data(); }
+inline void zero(std::span<float> b) { zero(b.data(), b.size()); }
+inline void zero_activations(float* p, std::size_t n) { zero(p, static_cast<index>(n)); }
+
+/// The activations' block: lent (the runtime's device tier), or this one's own when none is.
+struct activation_block {
+  activation_block(const model_config& config, float* lent)
+      : owned(lent != nullptr ? 0 : activations<float>::total_elements(config)),
+        memory(lent != nullptr ? lent : thrust::raw_pointer_cast(owned.data())) {}
+  buffer owned;
+  float* memory;
+};
 
 }  // namespace device_detail
 
-// activations<float>'s buffers in device memory (the same sizes and slots: recompute keeps one), and the rest.
-struct device_workspace::state : device_detail::device_present, activations<float, device_detail::buffer> {
-  state(const model_config& config, bool bf16_products) : activations(config), matmul(bf16_products) {
+// activations<float>'s buffers in one block of device memory (the same sizes and slots: recompute keeps one), and
+// the rest.
+struct device_workspace::state : device_detail::device_present, device_detail::activation_block,
+                                 activations<float> {
+  state(const model_config& config, bool bf16_products, float* activation_memory)
+      : activation_block(config, activation_memory),
+        activations(config, activation_block::memory, device_detail::zero_activations), matmul(bf16_products) {
     tokens = thrust::device_vector<int>(B * T, 0);
     targets = thrust::device_vector<int>(B * T, 0);
     // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
@@ -285,8 +302,8 @@ struct device_workspace::state : device_detail::device_present, activations<floa
   std::vector<float> host_losses;
 };
 
-device_workspace::device_workspace(const model_config& config, bool bf16_products)
-    : state_(std::make_unique<state>(config, bf16_products)) {}
+device_workspace::device_workspace(const model_config& config, bool bf16_products, float* activation_memory)
+    : state_(std::make_unique<state>(config, bf16_products, activation_memory)) {}
 device_workspace::~device_workspace() = default;
 
 const char* device_workspace::device_name() const noexcept { return state_->matmul.name(); }
@@ -455,7 +472,7 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   device_detail::for_each_index(BT * s.Vp, softmax_normalize{raw(s.probs), row_sum, s.V, s.Vp});
   device_detail::for_each_index(BT, device_kernels::crossentropy_forward{raw(s.losses), raw(s.probs), d_targets, s.Vp});
   s.host_losses.resize(BT);
-  thrust::copy(s.losses.begin(), s.losses.end(), s.host_losses.begin());
+  thrust::copy_n(thrust::device_pointer_cast(raw(s.losses)), BT, s.host_losses.begin());
   double sum = 0;  // in double, in row order, as the CPU's head_forward
   for (const float loss : s.host_losses) sum += static_cast<double>(loss);
   return static_cast<float>(sum / static_cast<double>(BT));

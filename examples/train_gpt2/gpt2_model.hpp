@@ -189,7 +189,7 @@ struct layer_grads {
 // Buffer: a view of where they live. The CPU passes use std::span over one block of memory: the trainer's own, or
 // lent from the runtime's device tier, so the bytes the planner charged as activations are the bytes these take
 // (4 * total_elements(config) == the profile's peak activation bytes). The device passes (device_model_impl.hpp)
-// use Thrust's device_vector, with these very sizes.
+// view one block of device memory the same way: their own, or the runtime's device tier's (a GPU's).
 
 namespace detail {
 /// A buffer that only counts its elements (activations::total_elements).
@@ -206,9 +206,9 @@ template <class Real, class Buffer = std::span<Real>>
 struct activations {
   /// Owns its memory. Every buffer starts zeroed.
   explicit activations(const model_config& config) : activations(config, nullptr) {}
-  /// In `memory`: total_elements(config) host elements the caller keeps alive; nullptr: owns its memory. A Buffer
-  /// that allocates itself (device_vector) takes nullptr.
-  activations(const model_config& config, Real* memory)
+  /// In `memory`: total_elements(config) elements the caller keeps alive, zeroed by `fill_zero` (device memory: the
+  /// device passes') or else here; nullptr: owns its memory. A Buffer that allocates itself takes nullptr.
+  activations(const model_config& config, Real* memory, void (*fill_zero)(Real*, std::size_t) = nullptr)
       : B(config.batch), T(config.context), C(config.channels), NH(config.heads), L(config.layers), V(config.vocab),
         Vp(config.vocab_rows()), slots(config.recompute ? 1 : config.layers) {
     validate(config);
@@ -216,6 +216,8 @@ struct activations {
       if (memory == nullptr) {
         owned_.assign(total_elements(config), Real(0));
         memory = owned_.data();
+      } else if (fill_zero != nullptr) {
+        fill_zero(memory, total_elements(config));
       } else {
         std::fill_n(memory, total_elements(config), Real(0));
       }

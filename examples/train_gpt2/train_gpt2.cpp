@@ -609,24 +609,18 @@ class step_passes {
     if constexpr (!device_chunks) {
       compute_.emplace(rt);
       if (o.backend != "cuda") {
-        // The activations in the device tier beside the chunks: the bytes the plan charged them (the profile's peak).
-        const auto bytes = gpt2::activations<float>::total_elements(o.model) * sizeof(float);
-        try {
-          activation_memory_ = rt.device_workspace(bytes);
-        } catch (const chunkwise::error& e) {
-          if (e.code() != error_code::out_of_memory) throw;
-          std::string tier = e.what();
-          tier.erase(0, tier.find(": ") + 2);  // the "chunkwise: " prefix, which the new error adds again
-          throw_error(error_code::out_of_memory, "train_gpt2: the activations (" + format_bytes(bytes) +
-                                                     ") do not fit the device beside the chunks: " + tier);
-        }
+        take_activation_memory(rt, o);
         acts_ = std::make_unique<gpt2::activations<float>>(o.model, activation_memory_.data());
         on_cpu_.emplace(rt, *compute_, *acts_);
       }
     }
 #if CHUNKWISE_GPT2_CUDA
     if (o.backend != "cuda") return;
-    workspace_ = std::make_unique<gpt2::device_workspace>(o.model, /*bf16_products=*/o.type == dtype::bf16);
+    // On the runtime's device chunks the activations are in its device tier (the GPU's) too; staged from host
+    // chunks, the runtime's device is host memory, and the device passes keep their own.
+    if constexpr (device_chunks) take_activation_memory(rt, o);
+    workspace_ = std::make_unique<gpt2::device_workspace>(o.model, /*bf16_products=*/o.type == dtype::bf16,
+                                                          device_chunks ? activation_memory_.data() : nullptr);
     if constexpr (device_chunks) on_device_chunks_.emplace(rt, *workspace_, o.model);
     else {
       mirrored_.emplace(rt, *compute_);
@@ -662,6 +656,20 @@ class step_passes {
   }
 
  private:
+  // The activations in the device tier beside the chunks: the bytes the plan charged them (the profile's peak).
+  void take_activation_memory(Runtime& rt, const options& o) {
+    const auto bytes = gpt2::activations<float>::total_elements(o.model) * sizeof(float);
+    try {
+      activation_memory_ = rt.device_workspace(bytes);
+    } catch (const chunkwise::error& e) {
+      if (e.code() != error_code::out_of_memory) throw;
+      std::string tier = e.what();
+      tier.erase(0, tier.find(": ") + 2);  // the "chunkwise: " prefix, which the new error adds again
+      throw_error(error_code::out_of_memory, "train_gpt2: the activations (" + format_bytes(bytes) +
+                                                 ") do not fit the device beside the chunks: " + tier);
+    }
+  }
+
   std::optional<fp32_compute<Runtime>> compute_;
   typename Runtime::workspace activation_memory_;
   std::unique_ptr<gpt2::activations<float>> acts_;  // in activation_memory_
