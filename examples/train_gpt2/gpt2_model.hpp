@@ -234,6 +234,10 @@ struct activations {
   [[nodiscard]] static std::size_t total_elements(const model_config& config) {
     return activations<Real, detail::counted_buffer>(config, nullptr).held_elements();
   }
+  /// total_elements in bytes: what the planner charges the device tier for them.
+  [[nodiscard]] static std::size_t total_bytes(const model_config& config) {
+    return total_elements(config) * sizeof(Real);
+  }
   [[nodiscard]] std::size_t held_elements() const noexcept {
     std::size_t n = saved_elements();
     for (const auto* buffer : {&dresidual, &dln1, &dqkv, &datty, &dpreatt, &datt, &dattproj, &dresidual2, &dln2, &dfch,

@@ -636,6 +636,17 @@ class step_passes {
 #endif
   }
 
+  /// --backend cuda: the device memory the passes hold beside the plan's (see device_workspace::own_device_bytes).
+  void print_own_device_memory() const {
+#if CHUNKWISE_GPT2_CUDA
+    if (workspace_)
+      std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget: token "
+                  "arrays and row scratch, %s\n", format_bytes(workspace_->own_device_bytes()).c_str(),
+                  device_chunks ? "and staging areas for bf16 chunks"
+                                : "the activations, a parameter mirror and staging areas for the host chunks");
+#endif
+  }
+
   /// schedule(executor): the forward (and backward) passes of one batch from the profile's first pass.
   template <class Schedule>
   float run(Schedule&& schedule) {
@@ -658,7 +669,7 @@ class step_passes {
  private:
   // The activations in the device tier beside the chunks: the bytes the plan charged them (the profile's peak).
   void take_activation_memory(Runtime& rt, const options& o) {
-    const auto bytes = gpt2::activations<float>::total_elements(o.model) * sizeof(float);
+    const auto bytes = gpt2::activations<float>::total_bytes(o.model);
     try {
       activation_memory_ = rt.device_workspace(bytes);
     } catch (const chunkwise::error& e) {
@@ -758,6 +769,7 @@ void train_rank(const rank_setup& setup, Comm& comm, HostComm& host_comm) {
     }
   }
   if (r == 0) log.summary(rt, setup.chosen);
+  if (r == 0) passes.print_own_device_memory();
 
   if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
     std::vector<std::vector<float>> trained;

@@ -168,7 +168,9 @@ class runtime {
   /// The trainer's own device memory (its activations, which the plan charged to the device) from the device tier,
   /// counted in device_stats(); out_of_memory with the tier's numbers past its budget. Return it before the runtime.
   using workspace = detail::tier_buffer;  // fp32 elements (data() is a float*), left as the tier gives them
-  [[nodiscard]] workspace device_workspace(byte_count bytes) { return {device_, (bytes + 3) / 4, dtype::fp32, {}}; }
+  [[nodiscard]] workspace device_workspace(byte_count bytes) {
+    return {device_, (bytes + sizeof(float) - 1) / sizeof(float), dtype::fp32, workspace::unfilled};
+  }
 
   /// Gradient accumulators start zeroed at each iteration's first backward use; this clears any left from an
   /// iteration that stopped midway.
