@@ -110,31 +110,32 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           gpt2::chunk_executor cpu(rt, compute, acts);
           steps(cpu);
         } else {
-          // The activations in the runtime's device tier, as train_gpt2 --backend cuda takes them (the kernels here
-          // write the isolated device's host aliases).
+          // The activations, and for bf16 chunks the staging areas, in the runtime's device tier, as train_gpt2
+          // --backend cuda takes them (the kernels here write the isolated device's host aliases).
           const byte_count bytes = gpt2::activations<float>::total_bytes(config);
+          const bool staged = type == dtype::bf16;
+          const byte_count staging_bytes = staged ? gpt2::device_workspace::staging_bytes(config) : 0;
           const byte_count in_use = rt.device_stats().in_use;
           auto activation_memory = rt.device_workspace(bytes);
-          CHECK(rt.device_stats().in_use == in_use + bytes);
+          auto staging_memory = staged ? rt.device_workspace(staging_bytes) : typename runtime_type::workspace{};
+          CHECK(rt.device_stats().in_use == in_use + bytes + staging_bytes);
           float* lent = alias_address{}(activation_memory.data());
           std::fill_n(lent, bytes / sizeof(float), -1e30f);  // the workspace zeroes it
-          gpt2::device_workspace workspace(config, false, lent);
+          float* lent_staging = staged ? alias_address{}(staging_memory.data()) : nullptr;
+          gpt2::device_workspace workspace(config, false, {lent, lent_staging});
           const auto& held = workspace.buffers();
           CHECK(held.encoded.data() == lent);  // the block's first buffer; dlogits is its last
           CHECK(held.dlogits.data() + held.dlogits.size() == lent + bytes / sizeof(float));
           gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
           steps(device);
-          // Device memory outside the tier: fp32 chunks are computed on in place, with no staging area (each as
-          // large as the largest pass's parameters); bf16 chunks are widened into one and accumulated from another.
-          const std::size_t staging_bytes = held.staging * sizeof(float);
+          // Outside the tier only the token arrays and row scratch: fp32 chunks are computed on in place, with no
+          // staging area (each as large as the largest pass's parameters); bf16 chunks are widened into the lent one
+          // and accumulated from the other.
           CHECK(held.mirror.empty());
-          if (type == dtype::fp32) {
-            CHECK(held.staged_gradients.empty());
-            CHECK(held.staged_parameters.empty());
-            CHECK(workspace.own_device_bytes() < staging_bytes);
-          } else {
-            CHECK(workspace.own_device_bytes() >= 2 * staging_bytes);
-          }
+          CHECK(held.staged_parameters.owned.empty());
+          CHECK(held.staged_gradients.owned.empty());
+          CHECK(held.staged_parameters.data == lent_staging);
+          CHECK(workspace.own_device_bytes() < gpt2::device_workspace::staging_bytes(config) / 2);
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
@@ -187,11 +188,13 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
   // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
   // on the CPU side).
   const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
-  const byte_count activations = gpt2::activations<float>::total_bytes(gpt2_device_cases::small_config());
+  const auto config = gpt2_device_cases::small_config();
+  const byte_count activations = gpt2::activations<float>::total_bytes(config);
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
+    const byte_count staging = type == dtype::bf16 ? gpt2::device_workspace::staging_bytes(config) : 0;
     const auto cpu = train<Plan>(false, budget, nullptr, type);
-    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations, type), cpu) == 0.0);
+    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations + staging, type), cpu) == 0.0);
   }
 }
 

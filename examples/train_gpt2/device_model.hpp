@@ -17,24 +17,34 @@
 
 namespace gpt2 {
 
+/// Device memory a caller lends device_workspace and keeps alive (the runtime's device tier, which the plan charged
+/// it to: runtime::device_workspace); nullptr: the workspace allocates its own.
+struct device_lent_memory {
+  float* activations = nullptr;  // activations<float>::total_elements(config) floats
+  float* staging = nullptr;      // device_workspace::staging_bytes(config): bf16 chunks' widened parameters and
+                                 // staged gradients
+};
+
 /// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token and
 /// target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
 /// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the gradients
 /// of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into bf16
-/// accumulators on the device, beside a staging area of the pass's widened parameters); allocated at its first use
-/// too, as passes on fp32 device chunks compute in place. Throws
+/// accumulators on the device, beside a staging area of the pass's widened parameters); both allocated at their
+/// first use, as passes on fp32 device chunks compute in place, or lent. Throws
 /// chunkwise::error(unsupported) when the device system has no device to run on (CUDA without a visible GPU).
 class device_workspace {
  public:
+  using lent_memory = device_lent_memory;
   /// `bf16_products`: the matrix products on bf16 tensor cores (operands rounded to bf16, fp32 sums: --dtype bf16);
-  /// the host system's loops stay fp32. `activation_memory`: activations<float>::total_elements(config) floats of
-  /// device memory for the activations, kept alive by the caller (the runtime's device tier, which the plan charged
-  /// them to: runtime::device_workspace); nullptr: the workspace allocates them itself.
-  explicit device_workspace(const model_config& config, bool bf16_products = false,
-                            float* activation_memory = nullptr);
+  /// the host system's loops stay fp32.
+  explicit device_workspace(const model_config& config, bool bf16_products = false, lent_memory lent = {});
   ~device_workspace();
   device_workspace(const device_workspace&) = delete;
   device_workspace& operator=(const device_workspace&) = delete;
+
+  /// The two staging areas' bytes (each the largest pass's parameters in fp32: at 124M the head's, 155 MB), which
+  /// the passes use on bf16 device chunks and on host chunks; passes on fp32 device chunks need none.
+  [[nodiscard]] static std::size_t staging_bytes(const model_config& config);
 
   /// "CUDA (<GPU name>)" or "OpenMP (host)": where these passes run.
   [[nodiscard]] const char* device_name() const noexcept;

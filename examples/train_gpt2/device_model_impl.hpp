@@ -242,6 +242,19 @@ inline void zero_activations(float* p, std::size_t n) { zero(p, static_cast<inde
 
 inline void already_zero(float*, std::size_t) {}
 
+/// A staging area of `elements` floats: lent, or allocated at its first use.
+struct staging_area {
+  [[nodiscard]] float* get(std::size_t elements) {
+    if (data == nullptr) {
+      owned = buffer(elements, 0.0f);
+      data = thrust::raw_pointer_cast(owned.data());
+    }
+    return data;
+  }
+  float* data = nullptr;
+  buffer owned;
+};
+
 /// The activations' block: lent (the runtime's device tier), or this one's own when none is.
 struct activation_block {
   activation_block(const model_config& config, float* lent)
@@ -260,16 +273,16 @@ struct activation_block {
 // the rest.
 struct device_workspace::state : device_detail::device_present, device_detail::activation_block,
                                  activations<float> {
-  state(const model_config& config, bool bf16_products, float* activation_memory)
-      : activation_block(config, activation_memory),
-        activations(config, activation_block::memory, activation_block::fill_zero()), matmul(bf16_products) {
+  state(const model_config& config, bool bf16_products, lent_memory lent)
+      : activation_block(config, lent.activations),
+        activations(config, activation_block::memory, activation_block::fill_zero()), matmul(bf16_products),
+        staging(staging_elements(config)) {
     tokens = thrust::device_vector<int>(B * T, 0);
     targets = thrust::device_vector<int>(B * T, 0);
-    // The largest pass's parameters: the head (ln_f and the tied wte), the embedding (wte, wpe) or a block.
-    const auto sizes = layer_tensor_sizes(config);
-    std::size_t layer = 0;
-    for (const auto n : sizes) layer += n;
-    staging = std::max({Vp * C + 2 * C, Vp * C + T * C, layer});
+    if (lent.staging != nullptr) {
+      staged_parameters.data = lent.staging;
+      staged_gradients.data = lent.staging + staging;
+    }
     for (const auto& tensor : parameter_tensors(config)) {
       mirror_offsets.push_back(mirror_elements);
       mirror_elements += tensor.elements;
@@ -287,13 +300,22 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     return thrust::raw_pointer_cast(to.data());
   }
 
-  std::size_t staging = 0;
+  /// Elements of one staging area: the largest pass's parameters (the head: ln_f and the tied wte; the embedding:
+  /// wte and wpe; or a block).
+  static std::size_t staging_elements(const model_config& config) {
+    std::size_t layer = 0;
+    for (const auto n : layer_tensor_sizes(config)) layer += n;
+    const std::size_t wte = config.vocab_rows() * config.channels;
+    return std::max({wte + 2 * config.channels, wte + config.context * config.channels, layer});
+  }
+
   thrust::device_vector<int> tokens, targets;
   device_detail::matmul_context matmul;
-  // Staging areas of the largest pass, allocated at their first use: passes on fp32 device chunks compute in place
-  // and need neither (at the 124M shape each is 155 MB).
-  device_detail::buffer staged_gradients;   // a pass's fp32 gradients, for host or bf16 chunks
-  device_detail::buffer staged_parameters;  // bf16 chunks' parameters widened
+  // Staging areas of the largest pass (`staging` elements each), lent or allocated at their first use: passes on
+  // fp32 device chunks compute in place and need neither.
+  std::size_t staging;
+  device_detail::staging_area staged_gradients;   // a pass's fp32 gradients, for host or bf16 chunks
+  device_detail::staging_area staged_parameters;  // bf16 chunks' parameters widened
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
   std::size_t mirror_elements = 0;
   // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
@@ -308,8 +330,11 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   std::vector<float> host_losses;
 };
 
-device_workspace::device_workspace(const model_config& config, bool bf16_products, float* activation_memory)
-    : state_(std::make_unique<state>(config, bf16_products, activation_memory)) {}
+device_workspace::device_workspace(const model_config& config, bool bf16_products, lent_memory lent)
+    : state_(std::make_unique<state>(config, bf16_products, lent)) {}
+std::size_t device_workspace::staging_bytes(const model_config& config) {
+  return 2 * state::staging_elements(config) * sizeof(float);
+}
 device_workspace::~device_workspace() = default;
 
 const char* device_workspace::device_name() const noexcept { return state_->matmul.name(); }
@@ -325,10 +350,10 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
 // The gradient staging slot at `offset`, which zeroed_gradient allocates and a pass then adds out.
 inline float* staged_gradient(device_workspace::state& s, std::size_t offset, std::size_t elements) {
   check_staging(offset, elements, s.staging);
-  if (s.staged_gradients.empty())
+  if (s.staged_gradients.data == nullptr)
     chunkwise::throw_error(chunkwise::error_code::invalid_argument,
                            "GPT-2 device passes: gradients added out before zeroed_gradient staged them");
-  return raw(s.staged_gradients) + offset;
+  return s.staged_gradients.data + offset;
 }
 
 // Layer norm on the device: gpt2_model.hpp's kernels::layernorm_forward and layernorm_backward, in stages.
@@ -380,8 +405,7 @@ float* device_workspace::parameter(std::size_t tensor, const float* host, std::u
 float* device_workspace::zeroed_gradient(std::size_t offset, std::size_t elements) {
   auto& s = *state_;
   device_detail::check_staging(offset, elements, s.staging);
-  if (s.staged_gradients.empty()) s.staged_gradients = device_detail::buffer(s.staging, 0.0f);
-  float* gradient = device_detail::raw(s.staged_gradients) + offset;
+  float* gradient = s.staged_gradients.get(s.staging) + offset;
   device_detail::zero(gradient, elements);
   return gradient;
 }
@@ -393,8 +417,7 @@ void device_workspace::add_gradient_to(float* host, std::size_t offset, std::siz
 float* device_workspace::widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements) {
   auto& s = *state_;
   device_detail::check_staging(offset, elements, s.staging);
-  if (s.staged_parameters.empty()) s.staged_parameters = device_detail::buffer(s.staging, 0.0f);
-  float* widened = device_detail::raw(s.staged_parameters) + offset;
+  float* widened = s.staged_parameters.get(s.staging) + offset;
   device_kernels::for_each_index(elements, device_kernels::widen_bf16{widened, device});
   return widened;
 }
@@ -409,7 +432,7 @@ void device_workspace::synchronize() { state_->matmul.synchronize(); }
 
 std::size_t device_workspace::own_device_bytes() const noexcept {
   const auto& s = *state_;
-  const std::size_t floats = s.owned.size() + s.staged_gradients.size() + s.staged_parameters.size() +
+  const std::size_t floats = s.owned.size() + s.staged_gradients.owned.size() + s.staged_parameters.owned.size() +
                              s.mirror.size() + s.row_parts.size() + s.row_stats.size();
   return floats * sizeof(float) + (s.tokens.size() + s.targets.size()) * sizeof(int);
 }

@@ -272,9 +272,33 @@ byte_count activation_bytes(const gpt2::model_config& config) {
   return gpt2::trace_profile(config).peak_activation_bytes();
 }
 
+/// --backend cuda at one rank in fp32 or bf16: the chunks in the GPU's memory, the passes computing on them there.
+/// Several thread ranks on one GPU would need a communicator whose collectives read device memory; fp16 chunks,
+/// device passes with loss-scaled fp16.
+bool runs_on_device_chunks(const options& o) {
+#if CHUNKWISE_GPT2_CUDA
+  return o.backend == "cuda" && o.gpu_chunks && o.ranks == 1 && o.type != dtype::fp16;
+#else
+  (void)o;
+  return false;
+#endif
+}
+
+/// Device memory the passes hold beside their activations for the whole run, which the plan charges with them: on
+/// bf16 device chunks, the staging areas the parameters are widened into and the gradients are computed in.
+byte_count device_pass_staging_bytes(const options& o) {
+#if CHUNKWISE_GPT2_CUDA
+  if (runs_on_device_chunks(o) && o.type == dtype::bf16) return gpt2::device_workspace::staging_bytes(o.model);
+#endif
+  (void)o;
+  return 0;
+}
+
 /// The model profile the planner sees: the schedule traced for this run's shape, precision and recompute setting.
 model_profile traced_model(const options& o) {
   model_profile traced = gpt2::trace_profile(o.model, o.type);
+  // Held through every pass, as the activations' peak is held.
+  for (auto& pass : traced.passes) pass.activation_bytes += device_pass_staging_bytes(o);
   // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
   traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
   return traced;
@@ -341,11 +365,15 @@ void print_memory(const options& o, const model_profile& model, byte_count budge
     std::printf("device budget %s per rank (--device-budget; this machine's measured memory is %s per rank)\n",
                 format_bytes(budget).c_str(), format_bytes(measured).c_str());
   const std::string type(to_string(o.type));
+  const byte_count staging = device_pass_staging_bytes(o);
+  const std::string staging_note =
+      staging == 0 ? "" : ", the device passes' bf16 staging areas (" + format_bytes(staging) + ") included";
   std::printf("training state %s, as the planner counts it: parameters %s + gradients %s (%s)%s + Adam's m and v %s "
-              "(fp32);\n  activations %s at their peak\n", format_bytes(state).c_str(), format_bytes(parameters).c_str(),
-              format_bytes(parameters).c_str(), type.c_str(),
+              "(fp32);\n  activations %s at their peak%s\n", format_bytes(state).c_str(),
+              format_bytes(parameters).c_str(), format_bytes(parameters).c_str(), type.c_str(),
               master == 0 ? "" : (" + master weights " + format_bytes(master) + " (fp32)").c_str(),
-              format_bytes(moments).c_str(), format_bytes(model.peak_activation_bytes()).c_str());
+              format_bytes(moments).c_str(), format_bytes(model.peak_activation_bytes()).c_str(),
+              staging_note.c_str());
   const byte_count sharded = (state + static_cast<byte_count>(o.ranks) - 1) / static_cast<byte_count>(o.ranks);
   if (sharded > budget) {
     std::string not_even;
@@ -609,18 +637,26 @@ class step_passes {
     if constexpr (!device_chunks) {
       compute_.emplace(rt);
       if (o.backend != "cuda") {
-        take_activation_memory(rt, o);
+        activation_memory_ = take_device_memory(rt, gpt2::activations<float>::total_bytes(o.model), "activations");
         acts_ = std::make_unique<gpt2::activations<float>>(o.model, activation_memory_.data());
         on_cpu_.emplace(rt, *compute_, *acts_);
       }
     }
 #if CHUNKWISE_GPT2_CUDA
     if (o.backend != "cuda") return;
-    // On the runtime's device chunks the activations are in its device tier (the GPU's) too; staged from host
-    // chunks, the runtime's device is host memory, and the device passes keep their own.
-    if constexpr (device_chunks) take_activation_memory(rt, o);
-    workspace_ = std::make_unique<gpt2::device_workspace>(o.model, /*bf16_products=*/o.type == dtype::bf16,
-                                                          device_chunks ? activation_memory_.data() : nullptr);
+    // On the runtime's device chunks the activations (and bf16's staging areas) are in its device tier (the GPU's)
+    // too, where the plan charged them; staged from host chunks, the runtime's device is host memory, and the
+    // device passes keep their own.
+    gpt2::device_workspace::lent_memory lent;
+    if constexpr (device_chunks) {
+      activation_memory_ = take_device_memory(rt, gpt2::activations<float>::total_bytes(o.model), "activations");
+      lent.activations = activation_memory_.data();
+      if (const byte_count staging = device_pass_staging_bytes(o); staging > 0) {
+        staging_memory_ = take_device_memory(rt, staging, "bf16 staging areas");
+        lent.staging = staging_memory_.data();
+      }
+    }
+    workspace_ = std::make_unique<gpt2::device_workspace>(o.model, /*bf16_products=*/o.type == dtype::bf16, lent);
     if constexpr (device_chunks) on_device_chunks_.emplace(rt, *workspace_, o.model);
     else {
       mirrored_.emplace(rt, *compute_);
@@ -641,9 +677,8 @@ class step_passes {
 #if CHUNKWISE_GPT2_CUDA
     if (workspace_)
       std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget: token "
-                  "arrays and row scratch, %s\n", format_bytes(workspace_->own_device_bytes()).c_str(),
-                  device_chunks ? "and staging areas for bf16 chunks"
-                                : "the activations, a parameter mirror and staging areas for the host chunks");
+                  "arrays and row scratch%s\n", format_bytes(workspace_->own_device_bytes()).c_str(),
+                  device_chunks ? "" : ", and for host chunks the activations, a parameter mirror and a staging area");
 #endif
   }
 
@@ -667,22 +702,21 @@ class step_passes {
   }
 
  private:
-  // The activations in the device tier beside the chunks: the bytes the plan charged them (the profile's peak).
-  void take_activation_memory(Runtime& rt, const options& o) {
-    const auto bytes = gpt2::activations<float>::total_bytes(o.model);
+  // `bytes` of the device tier beside the chunks, which the plan charged with the activations (the profile's peak).
+  static typename Runtime::workspace take_device_memory(Runtime& rt, byte_count bytes, const char* what) {
     try {
-      activation_memory_ = rt.device_workspace(bytes);
+      return rt.device_workspace(bytes);
     } catch (const chunkwise::error& e) {
       if (e.code() != error_code::out_of_memory) throw;
       std::string tier = e.what();
       tier.erase(0, tier.find(": ") + 2);  // the "chunkwise: " prefix, which the new error adds again
-      throw_error(error_code::out_of_memory, "train_gpt2: the activations (" + format_bytes(bytes) +
+      throw_error(error_code::out_of_memory, "train_gpt2: the " + std::string(what) + " (" + format_bytes(bytes) +
                                                  ") do not fit the device beside the chunks: " + tier);
     }
   }
 
   std::optional<fp32_compute<Runtime>> compute_;
-  typename Runtime::workspace activation_memory_;
+  typename Runtime::workspace activation_memory_, staging_memory_;
   std::unique_ptr<gpt2::activations<float>> acts_;  // in activation_memory_
   std::optional<gpt2::chunk_executor<Runtime>> on_cpu_;
 #if CHUNKWISE_GPT2_CUDA
@@ -794,9 +828,7 @@ void train_threads(const rank_setup& setup) {
         gpt2::compute_on_rank_cores(setup.o.ranks_here);
         auto comm = world.comm(r);
 #if CHUNKWISE_GPT2_CUDA
-        // One rank: the chunks in the GPU's memory (fp32 or bf16). Several thread ranks on one GPU would need a
-        // communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
-        if (setup.o.backend == "cuda" && setup.o.gpu_chunks && setup.o.ranks == 1 && setup.o.type != dtype::fp16)
+        if (runs_on_device_chunks(setup.o))
           return train_rank<Plan, gpt2::gpu_backend>(setup, comm, comm);
 #endif
         train_rank<Plan, host_backend>(setup, comm, comm);
