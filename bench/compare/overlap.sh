@@ -13,7 +13,7 @@
 # host: a step moves the parameters in and the gradients out (about 60 MiB) whatever the batch. On a GPU those are
 # DMA beside the kernels; on the host backend they are memcpy on the cores the passes compute on, so on a 2-core
 # machine their CPU time shows in the step unless compute dwarfs it. With 2 rows (the trainer's default) the copies
-# are an eighth of the step, and R was 1.08-1.14 (predicted 1.10-1.15); with 8 rows a twentieth. BUDGET
+# are an eighth of the step or more, and R was 1.08-1.20 (predicted 1.10-1.29); with 8 rows a twentieth. BUDGET
 # (environment, default 48MiB): the streamed plans' device budget per rank, half the default shape's training state,
 # its activations (27 MiB) included; `BUDGET=32MiB overlap.sh build/default 20 1 --layers 8 --channels 256
 # --batch 2` runs the 2-row shape.
