@@ -17,6 +17,7 @@
 #include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
+#include <algorithm>
 #include <thread>
 
 namespace {
@@ -124,8 +125,9 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           float* lent_staging = staged ? alias_address{}(staging_memory.data()) : nullptr;
           gpt2::device_workspace workspace(config, false, {lent, lent_staging});
           const auto& held = workspace.buffers();
-          CHECK(held.encoded.data() == lent);  // the block's first buffer; dlogits is its last
-          CHECK(held.dlogits.data() + held.dlogits.size() == lent + bytes / sizeof(float));
+          CHECK(held.encoded.data() == lent);  // the block's first buffer; dlogits or dfcproj ends it
+          CHECK(std::max(held.dlogits.data() + held.dlogits.size(), held.dfcproj.data() + held.dfcproj.size()) ==
+                lent + bytes / sizeof(float));
           gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
           steps(device);
           // Outside the tier only the token arrays and row scratch: fp32 chunks are computed on in place, with no

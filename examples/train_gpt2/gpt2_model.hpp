@@ -239,11 +239,7 @@ struct activations {
     return total_elements(config) * sizeof(Real);
   }
   [[nodiscard]] std::size_t held_elements() const noexcept {
-    std::size_t n = saved_elements();
-    for (const auto* buffer : {&dresidual, &dln1, &dqkv, &datty, &dpreatt, &datt, &dattproj, &dresidual2, &dln2, &dfch,
-                               &dfch_gelu, &dfcproj, &dlnf, &dlogits})
-      n += buffer->size();
-    return n;
+    return saved_elements() + dresidual.size() + gradient_scratch_.size();
   }
 
   /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
@@ -286,7 +282,9 @@ struct activations {
   Buffer dresidual;  // (2, B, T, C): d(input of layer l) at dresidual_offset(l); l = L: d(output of layer L-1)
   // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
   Buffer dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
-  Buffer dlnf, dlogits;  // the head's
+  // The head's, in the same memory as the layer's: each backward pass zeroes its own before use, and none uses both
+  // (at 124M, batch 4, context 1024, the layer's 617 MB inside the head's 837 MB).
+  Buffer dlnf, dlogits;
 
   /// Where in dresidual the gradient of layer l's input lies (l = L: of the last layer's output). Layer l's backward
   /// reads l + 1's and writes l's, so two slices alternate (llm.c keeps all L + 1).
@@ -308,12 +306,21 @@ struct activations {
     logits = make(BT * Vp), probs = make(BT * Vp), losses = make(BT);
 
     dresidual = make(2 * BTC);
-    dln1 = make(BTC), dqkv = make(BTC * 3), datty = make(BTC);
-    dpreatt = make(B * NH * T * T), datt = make(B * NH * T * T);
-    dattproj = make(BTC), dresidual2 = make(BTC), dln2 = make(BTC);
-    dfch = make(BTC * 4), dfch_gelu = make(BTC * 4), dfcproj = make(BTC);
-    dlnf = make(BTC), dlogits = make(BT * Vp);
+    gradient_scratch_ = make(std::max(17 * BTC + 2 * B * NH * T * T, BTC + BT * Vp));
+    std::size_t at = 0;
+    const auto carve = [&](std::size_t n) {
+      at += n;
+      if constexpr (std::is_same_v<Buffer, std::span<Real>>) return gradient_scratch_.subspan(at - n, n);
+      else return Buffer(n, Real(0));
+    };
+    dln1 = carve(BTC), dqkv = carve(BTC * 3), datty = carve(BTC);
+    dpreatt = carve(B * NH * T * T), datt = carve(B * NH * T * T);
+    dattproj = carve(BTC), dresidual2 = carve(BTC), dln2 = carve(BTC);
+    dfch = carve(BTC * 4), dfch_gelu = carve(BTC * 4), dfcproj = carve(BTC);
+    at = 0;
+    dlnf = carve(BTC), dlogits = carve(BT * Vp);
   }
+  Buffer gradient_scratch_;  // the layer's and the head's activation gradients
   std::vector<Real> owned_;  // the memory of a span Buffer given none
 };
 

@@ -22,6 +22,7 @@
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/profile/tracer.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -66,10 +67,12 @@ struct pass_costs {
   chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
   // Buffers the trainer holds through the step, counted as every pass's scratch (so each pass's bytes are what is
   // live while it runs): the recompute slot in every pass, backward's workspace in every backward pass (the two
-  // alternating slices of the residual stream's gradient, one block's activation gradients, the head's dlnf and
-  // dlogits).
+  // alternating slices of the residual stream's gradient, and one block's activation gradients or the head's dlnf
+  // and dlogits, which share their memory).
   chunkwise::byte_count slot() const { return recompute ? layer() - B * T * C * f : 0; }
-  chunkwise::byte_count backward_workspace() const { return (20 * B * T * C + 2 * B * H * T * T + B * T * Vp) * f; }
+  chunkwise::byte_count backward_workspace() const {
+    return (2 * B * T * C + std::max(17 * B * T * C + 2 * B * H * T * T, B * T * (C + Vp))) * f;
+  }
   chunkwise::byte_count forward_scratch() const { return slot(); }
   chunkwise::byte_count backward_scratch() const { return slot() + backward_workspace(); }
   std::uint64_t layer_backward_flops() const { return (recompute ? 3 : 2) * layer_flops(); }

@@ -20,8 +20,8 @@
 // pass holds; it does the forward FLOPs once more.
 // A forward pass holds everything saved so far. A backward pass holds what is still saved plus backward's workspace,
 // held from the head's backward pass to the embedding's: the gradient of the residual stream in two alternating
-// slices (2*B*T*C), one layer's activation gradients (B*T*17*C + the scores'), the head's dlnf (B*T*C) and dlogits
-// (B*T*V). The peak is the head's backward pass: all saved, the slot and the workspace, the memory the example trainer
+// slices (2*B*T*C), and in the same memory one layer's activation gradients (B*T*17*C + the scores') or the head's
+// dlnf (B*T*C) and dlogits (B*T*V), whichever is larger: no pass uses both. The peak is the head's backward pass: all saved, the slot and the workspace, the memory the example trainer
 // allocates (examples/train_gpt2: activations<float>). Times size_of(dtype) bytes.
 //
 // FLOPs (a multiply-add is two), forward, as llm.c counts them: per layer 2*B*T*12*C^2 for the four matrix products
@@ -122,8 +122,11 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
   const byte_count slot = config.recompute ? layer_acts - b * t * c * element : 0;  // where a layer is recomputed
   const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
+  // Backward's workspace: two alternating slices of the residual stream's gradient, and one block's activation
+  // gradients or the head's (dlnf, dlogits) in the same memory, as no pass uses both.
+  const byte_count block_gradients = 17 * b * t * c + (config.flash_attention ? b * h * t : 2 * b * h * t * t);
   const byte_count backward_workspace =
-      (20 * b * t * c + (config.flash_attention ? b * h * t : 2 * b * h * t * t) + b * t * v) * element;
+      (2 * b * t * c + (block_gradients > b * t * (c + v) ? block_gradients : b * t * (c + v))) * element;
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
   const std::uint64_t head_flops = 2 * b * t * c * v;
 
