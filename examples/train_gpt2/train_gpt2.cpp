@@ -298,7 +298,8 @@ byte_count device_pass_staging_bytes(const options& o) {
 model_profile traced_model(const options& o) {
   model_profile traced = gpt2::trace_profile(o.model, o.type);
   // Held through every pass, as the activations' peak is held.
-  for (auto& pass : traced.passes) pass.activation_bytes += device_pass_staging_bytes(o);
+  const byte_count staging = device_pass_staging_bytes(o);
+  for (auto& pass : traced.passes) pass.activation_bytes += staging;
   // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
   traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
   return traced;

@@ -21,8 +21,9 @@
 // A forward pass holds everything saved so far. A backward pass holds what is still saved plus backward's workspace,
 // held from the head's backward pass to the embedding's: the gradient of the residual stream in two alternating
 // slices (2*B*T*C), and in the same memory one layer's activation gradients (B*T*17*C + the scores') or the head's
-// dlnf (B*T*C) and dlogits (B*T*V), whichever is larger: no pass uses both. The peak is the head's backward pass: all saved, the slot and the workspace, the memory the example trainer
-// allocates (examples/train_gpt2: activations<float>). Times size_of(dtype) bytes.
+// dlnf (B*T*C) and dlogits (B*T*V), whichever is larger: no pass uses both. The peak is the head's backward pass:
+// all saved, the slot and the workspace, the memory the example trainer allocates (examples/train_gpt2:
+// activations<float>). Times size_of(dtype) bytes.
 //
 // FLOPs (a multiply-add is two), forward, as llm.c counts them: per layer 2*B*T*12*C^2 for the four matrix products
 // plus 2*2*B*T*T*C for the attention scores and their weighted sum (computed for the full square, as llm.c does);
