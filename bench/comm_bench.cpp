@@ -1,4 +1,5 @@
-// thread_comm collective bandwidth, 2 ranks, 1 MiB to 256 MiB, against memcpy of the same bytes in the same run.
+// thread_comm collective bandwidth, 2 ranks, 1 MiB to 256 MiB, against memcpy of the same bytes in the same run;
+// and the fixed cost of one call (bm_call_latency), the figure the cost model charges every collective.
 //
 // Sizes are nccl-tests' sizes: the all-gather output, the reduce-scatter input, the all-reduce buffer. Counters, in
 // bytes/s: alg_bw = size / time; bus_bw = alg_bw * 2(n-1)/n for all-reduce and * (n-1)/n for all-gather and
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -98,6 +100,38 @@ void bm_memcpy(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1024);
 }
+
+/// One-float all-reduces issued by each rank from its own thread, two in flight, as the runtime's prefetched
+/// gathers and pending reductions are (what measure_thread_collective_latency times for the machine profile):
+/// wall time per call, for 2 and 4 ranks. Where the ranks outnumber the cores they also take turns on them.
+void bm_call_latency(benchmark::State& state) {
+  const int world_ranks = static_cast<int>(state.range(0));
+  constexpr int calls = 200;
+  thread_world world(world_ranks);
+  for (auto _ : state) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world_ranks; ++r)
+      threads.emplace_back([&world, r] {
+        thread_comm comm = world.comm(r);
+        float in[2] = {1.0f, 1.0f}, out[2] = {0.0f, 0.0f};
+        const auto all_reduce = [&](int i) {
+          return comm.all_reduce(std::span<const float>(&in[i % 2], 1), std::span<float>(&out[i % 2], 1),
+                                 reduce_op::sum);
+        };
+        auto previous = all_reduce(0);
+        for (int i = 1; i < calls; ++i) {
+          auto next = all_reduce(i);
+          previous.wait();
+          previous = std::move(next);
+        }
+        previous.wait();
+      });
+    for (auto& thread : threads) thread.join();
+  }
+  state.counters["per_call"] = benchmark::Counter(calls, benchmark::Counter::kIsIterationInvariantRate |
+                                                             benchmark::Counter::kInvert);
+}
+BENCHMARK(bm_call_latency)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(4)->Range(1 << 20, 256 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);

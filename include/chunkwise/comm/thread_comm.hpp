@@ -14,6 +14,9 @@
 // all_reduce is a reduce-scatter and an all-gather in place: rank q adds segment q of every input in rank order,
 // then every rank copies the other segments from their owners. Every element is therefore summed by exactly one
 // rank, in rank order: the result is the same bits on every rank and for every order of arrival.
+// Waiting (a rendezvous, a rank's worker between operations, a request's wait()) polls for 50 us, yielding the core,
+// before it sleeps: a wake-up of a sleeping thread costs tens of microseconds on a virtual machine whose idle cores
+// halt, several per operation (an 8-byte all-reduce among 2 thread ranks took 60-75 us sleeping at once, 7-9 us so).
 //
 // A rank that never arrives makes every waiting peer throw error_code::comm_error after the timeout (counted from the
 // peer's own arrival at the operation), naming the missing rank; from then on the group is failed and every operation
@@ -33,6 +36,7 @@
 #include <chunkwise/testing/thread_comm_faults.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -92,13 +96,16 @@ class thread_group {
  public:
   thread_group(int ranks, std::chrono::milliseconds timeout, std::string name,
                std::shared_ptr<testing::thread_fault_injector> faults = nullptr)
-      : ranks_(ranks), timeout_(timeout), name_(std::move(name)), faults_(std::move(faults)), arrived_(ranks, 0),
-        slots_(ranks), operations_(ranks, 0), created_(ranks) {}
+      : ranks_(ranks), timeout_(timeout), name_(std::move(name)), faults_(std::move(faults)),
+        arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(ranks))), slots_(ranks), operations_(ranks, 0), created_(ranks) {}
 
   [[nodiscard]] int size() const noexcept { return ranks_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const std::shared_ptr<testing::thread_fault_injector>& faults() const noexcept { return faults_; }
+  /// How long a waiter spins before it sleeps: a peer usually arrives within microseconds, and waking a sleeping
+  /// thread costs tens of them on a virtual machine whose idle core halts.
+  static constexpr std::chrono::microseconds spin_before_sleep{50};
 
   /// What a running operation sees once every rank has published its slot.
   class view {
@@ -137,11 +144,22 @@ class thread_group {
   /// it and why, instead of its peers timing out.
   void fail(int rank, const std::string& reason) {
     std::lock_guard lock(mutex_);
-    if (failure_.empty()) failure_ = "rank " + std::to_string(rank) + " cannot take part: " + reason;
+    if (failure_.empty()) set_failure("rank " + std::to_string(rank) + " cannot take part: " + reason);
     ready_.notify_all();
   }
 
  private:
+  void set_failure(std::string message) {  // under mutex_
+    failure_ = std::move(message);
+    failed_.store(true, std::memory_order_release);
+  }
+
+  [[nodiscard]] bool all_arrived(std::uint64_t phase) const noexcept {
+    for (int q = 0; q < ranks_; ++q)
+      if (arrived_[q].load(std::memory_order_acquire) < phase) return false;
+    return true;
+  }
+
   void arrive_and_wait(int rank, const op_slot* publish, std::uint64_t number, bool may_time_out) {
     std::unique_lock lock(mutex_);
     const char* what = to_string(slots_[rank].kind);
@@ -149,9 +167,23 @@ class thread_group {
       slots_[rank] = *publish;
       what = to_string(publish->kind);
     }
-    const std::uint64_t phase = ++arrived_[rank];
+    const std::uint64_t phase = arrived_[rank].load(std::memory_order_relaxed) + 1;
+    arrived_[rank].store(phase, std::memory_order_release);
     ready_.notify_all();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    if (failure_.empty() && !all_arrived(phase)) {
+      // Spin a while before sleeping: a peer usually arrives within microseconds, and waking a sleeping thread
+      // costs tens of them on a virtual machine whose idle core halts. A failed group is left to the locked path
+      // below (a rank arriving after the failure was set publishes its arrival after `failed_`, so a spinner that
+      // sees every arrival sees the failure too).
+      lock.unlock();
+      const auto spin_end = std::chrono::steady_clock::now() + spin_before_sleep;
+      do {
+        std::this_thread::yield();
+        if (all_arrived(phase) && !failed_.load(std::memory_order_acquire)) return;
+      } while (std::chrono::steady_clock::now() < spin_end && !failed_.load(std::memory_order_relaxed));
+      lock.lock();
+    }
     for (;;) {
       if (!failure_.empty())
         throw error(error_code::comm_error, "thread_comm '" + name_ + "': rank " + std::to_string(rank) +
@@ -159,7 +191,7 @@ class thread_group {
                                                 " because the group failed: " + failure_);
       std::vector<int> missing;
       for (int q = 0; q < ranks_; ++q)
-        if (arrived_[q] < phase) missing.push_back(q);
+        if (arrived_[q].load(std::memory_order_relaxed) < phase) missing.push_back(q);
       if (missing.empty()) return;
       if (!may_time_out) {
         ready_.wait(lock);
@@ -168,14 +200,14 @@ class thread_group {
       if (ready_.wait_until(lock, deadline) == std::cv_status::timeout && failure_.empty()) {
         missing.clear();
         for (int q = 0; q < ranks_; ++q)
-          if (arrived_[q] < phase) missing.push_back(q);
+          if (arrived_[q].load(std::memory_order_relaxed) < phase) missing.push_back(q);
         if (missing.empty()) return;
-        failure_ = "rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) + " ms in " +
-                   what + " #" + std::to_string(number) + " (group of " + std::to_string(ranks_) + " ranks) for " +
-                   (missing.size() == 1 ? "rank " : "ranks ") + join(missing) +
-                   (missing.size() == 1 ? ", which has" : ", which have") +
-                   " not arrived; a rank that stopped calling collectives, or called them in another order, "
-                   "stalls the group";
+        set_failure("rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) + " ms in " +
+                    what + " #" + std::to_string(number) + " (group of " + std::to_string(ranks_) + " ranks) for " +
+                    (missing.size() == 1 ? "rank " : "ranks ") + join(missing) +
+                    (missing.size() == 1 ? ", which has" : ", which have") +
+                    " not arrived; a rank that stopped calling collectives, or called them in another order, "
+                    "stalls the group");
         ready_.notify_all();
         throw error(error_code::comm_error, "thread_comm '" + name_ + "': " + failure_);
       }
@@ -206,7 +238,7 @@ class thread_group {
       if (same) continue;
       std::string message = "operation #" + std::to_string(number) + " differs between ranks: rank 0 called " +
                             describe(first) + ", rank " + std::to_string(q) + " called " + describe(other);
-      if (failure_.empty()) failure_ = message;
+      if (failure_.empty()) set_failure(message);
       ready_.notify_all();
       throw error(error_code::comm_error, "thread_comm '" + name_ + "': " + message);
     }
@@ -234,10 +266,12 @@ class thread_group {
   const std::shared_ptr<testing::thread_fault_injector> faults_;  // null: no faults (tests only)
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::vector<std::uint64_t> arrived_;     // rendezvous each rank has reached (guarded by mutex_)
+  // Rendezvous each rank has reached: stored under mutex_ (a sleeping waiter sees it), read also without it.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> arrived_;
   std::vector<op_slot> slots_;             // written under mutex_ before arriving; read after the rendezvous
   std::vector<std::uint64_t> operations_;  // operations each rank has started (each rank's worker only)
   std::string failure_;                    // first failure; non-empty means every later wait throws
+  std::atomic<bool> failed_{false};        // !failure_.empty(), readable without the lock (the spin)
   std::vector<std::shared_ptr<thread_group>> created_;  // split: written by its rank before a rendezvous
 };
 
@@ -258,7 +292,13 @@ class thread_comm {
    public:
     request() = default;
     void wait() {
-      if (done_.valid()) done_.get();
+      if (!done_.valid()) return;
+      // As the rendezvous: a short spin before sleeping, since the worker usually finishes within microseconds.
+      const auto spin_end = std::chrono::steady_clock::now() + detail::thread_group::spin_before_sleep;
+      while (done_.wait_for(std::chrono::seconds(0)) != std::future_status::ready &&
+             std::chrono::steady_clock::now() < spin_end)
+        std::this_thread::yield();
+      done_.get();
     }
     [[nodiscard]] bool test() {
       return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -437,7 +477,8 @@ class thread_world {
       detail::raise(error_code::invalid_argument, "thread_world timeout of " + std::to_string(timeout.count()) +
                                                       " ms: give a positive time to wait for a peer");
     group_ = std::make_shared<detail::thread_group>(ranks, timeout, "world", std::move(faults));
-    for (int r = 0; r < ranks; ++r) workers_.push_back(std::make_shared<worker_threads>(1));
+    for (int r = 0; r < ranks; ++r)
+      workers_.push_back(std::make_shared<worker_threads>(1, detail::thread_group::spin_before_sleep));
   }
 
   [[nodiscard]] int size() const noexcept { return group_->size(); }

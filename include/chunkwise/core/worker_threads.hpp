@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -33,8 +34,11 @@ namespace chunkwise {
 
 class worker_threads {
  public:
-  /// `workers`: threads this object starts (the caller is not counted).
-  explicit worker_threads(std::size_t workers = 1) : worker_count_(workers) {
+  /// `workers`: threads this object starts (the caller is not counted). `spin_before_sleep`: how long an idle
+  /// worker polls for the next task before it sleeps (a latency-bound stream of short tasks, as a thread rank's
+  /// collectives, saves the wake-up of a sleeping thread, tens of microseconds on a virtual machine; 0: sleep at once).
+  explicit worker_threads(std::size_t workers = 1, std::chrono::microseconds spin_before_sleep = {})
+      : worker_count_(workers), spin_before_sleep_(spin_before_sleep) {
     workers_.reserve(workers);
     try {
       for (std::size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { run(); });
@@ -157,6 +161,7 @@ class worker_threads {
     {
       std::lock_guard lock(mutex_);
       tasks_.push_back(std::move(task));
+      queued_.store(tasks_.size(), std::memory_order_relaxed);
     }
     wake_.notify_one();
   }
@@ -173,6 +178,11 @@ class worker_threads {
   void run() {
     for (;;) {
       std::packaged_task<void()> task;
+      if (spin_before_sleep_.count() > 0) {  // a short spin for the next task before sleeping
+        const auto spin_end = std::chrono::steady_clock::now() + spin_before_sleep_;
+        while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < spin_end)
+          std::this_thread::yield();
+      }
       {
         std::unique_lock lock(mutex_);
         // With one worker, a task run inline by run_now_or_submit holds back the queue, which keeps issue order.
@@ -180,6 +190,7 @@ class worker_threads {
         if (tasks_.empty()) return;  // stopping and drained
         task = std::move(tasks_.front());
         tasks_.pop_front();
+        queued_.store(tasks_.size(), std::memory_order_relaxed);
         ++running_;
       }
       task();  // packaged_task keeps any exception for its future (push() catches its own first)
@@ -198,11 +209,13 @@ class worker_threads {
   }
 
   const std::size_t worker_count_;  // workers_.size() once started; read by the workers while they start
+  const std::chrono::microseconds spin_before_sleep_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<std::packaged_task<void()>> tasks_;
   std::size_t running_ = 0;  // tasks running now, on a worker or inline
+  std::atomic<std::size_t> queued_{0};  // tasks_.size(), readable without the lock (the spin before sleeping)
   bool stopping_ = false;
   std::exception_ptr failure_;
   std::vector<std::thread> workers_;  // last: started once the queue exists
