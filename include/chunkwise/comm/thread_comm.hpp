@@ -14,9 +14,11 @@
 // all_reduce is a reduce-scatter and an all-gather in place: rank q adds segment q of every input in rank order,
 // then every rank copies the other segments from their owners. Every element is therefore summed by exactly one
 // rank, in rank order: the result is the same bits on every rank and for every order of arrival.
-// Waiting (a rendezvous, a rank's worker between operations, a request's wait()) polls for 50 us, yielding the core,
-// before it sleeps: a wake-up of a sleeping thread costs tens of microseconds on a virtual machine whose idle cores
-// halt, several per operation (an 8-byte all-reduce among 2 thread ranks took 60-75 us sleeping at once, 7-9 us so).
+// Waiting (a rendezvous, a rank's worker between operations, a request's wait()) polls for 200 us, yielding the
+// core, before it sleeps: a wake-up of a sleeping thread costs tens of microseconds on a virtual machine whose idle
+// cores halt, several per operation (an 8-byte all-reduce among 2 thread ranks took 60-75 us sleeping at once, 5-9 us
+// so). 200 us rather than 50 covers the ranks' skew in a step too: per_tensor/resident/sharded (84 collectives a
+// step) ran 15-24% faster at 2 and 4 ranks on 2 cores, paired run by run.
 //
 // A rank that never arrives makes every waiting peer throw error_code::comm_error after the timeout (counted from the
 // peer's own arrival at the operation), naming the missing rank; from then on the group is failed and every operation
@@ -105,7 +107,7 @@ class thread_group {
   [[nodiscard]] const std::shared_ptr<testing::thread_fault_injector>& faults() const noexcept { return faults_; }
   /// How long a waiter spins before it sleeps: a peer usually arrives within microseconds, and waking a sleeping
   /// thread costs tens of them on a virtual machine whose idle core halts.
-  static constexpr std::chrono::microseconds spin_before_sleep{50};
+  static constexpr std::chrono::microseconds spin_before_sleep{200};
 
   /// What a running operation sees once every rank has published its slot.
   class view {
