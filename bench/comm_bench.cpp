@@ -7,13 +7,13 @@
 // copies `size` bytes on one thread: the physical limit one rank's copy reaches here. Both ranks' operations are
 // issued from the benchmark thread and run on the ranks' worker threads, so time is wall-clock (UseRealTime).
 #include <chunkwise/comm/thread_comm.hpp>
+#include <chunkwise/measure/host.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <cstring>
 #include <memory>
 #include <span>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -101,35 +101,15 @@ void bm_memcpy(benchmark::State& state) {
                                                  benchmark::Counter::kIs1024);
 }
 
-/// One-float all-reduces issued by each rank from its own thread, two in flight, as the runtime's prefetched
-/// gathers and pending reductions are (what measure_thread_collective_latency times for the machine profile):
-/// wall time per call, for 2 and 4 ranks. Where the ranks outnumber the cores they also take turns on them.
+/// The fixed cost of one call among 2 and 4 thread ranks, as the machine profile measures it
+/// (measure_thread_collective_latency: one-float all-reduces issued by each rank from its own thread, two in flight,
+/// as the runtime's prefetched gathers and pending reductions are; the median of 5 rounds of 100 calls). Where the
+/// ranks outnumber the cores they also take turns on them.
 void bm_call_latency(benchmark::State& state) {
   const int world_ranks = static_cast<int>(state.range(0));
-  constexpr int calls = 200;
-  thread_world world(world_ranks);
-  for (auto _ : state) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world_ranks; ++r)
-      threads.emplace_back([&world, r] {
-        thread_comm comm = world.comm(r);
-        float in[2] = {1.0f, 1.0f}, out[2] = {0.0f, 0.0f};
-        const auto all_reduce = [&](int i) {
-          return comm.all_reduce(std::span<const float>(&in[i % 2], 1), std::span<float>(&out[i % 2], 1),
-                                 reduce_op::sum);
-        };
-        auto previous = all_reduce(0);
-        for (int i = 1; i < calls; ++i) {
-          auto next = all_reduce(i);
-          previous.wait();
-          previous = std::move(next);
-        }
-        previous.wait();
-      });
-    for (auto& thread : threads) thread.join();
-  }
-  state.counters["per_call"] = benchmark::Counter(calls, benchmark::Counter::kIsIterationInvariantRate |
-                                                             benchmark::Counter::kInvert);
+  double per_call = 0;
+  for (auto _ : state) per_call = chunkwise::measure_thread_collective_latency(world_ranks);
+  state.counters["per_call_us"] = per_call * 1e6;
 }
 BENCHMARK(bm_call_latency)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
