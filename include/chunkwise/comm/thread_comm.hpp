@@ -99,7 +99,8 @@ class thread_group {
   thread_group(int ranks, std::chrono::milliseconds timeout, std::string name,
                std::shared_ptr<testing::thread_fault_injector> faults = nullptr)
       : ranks_(ranks), timeout_(timeout), name_(std::move(name)), faults_(std::move(faults)),
-        arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(ranks))), slots_(ranks), operations_(ranks, 0), created_(ranks) {}
+        arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(ranks))), slots_(ranks),
+        operations_(ranks, 0), created_(ranks) {}
 
   [[nodiscard]] int size() const noexcept { return ranks_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }

@@ -256,8 +256,9 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
   // On the host backend the "device" is the CPU: the collectives' copies and waits and the host-device copies run
   // on the cores the passes compute on (every core is computing), so they add to compute rather than hide behind it
   // (measured at 2 thread ranks on 2 cores: per_tensor/sharded's 84 collectives a step cost 3.8 ms beside 9.6 ms of
-  // compute while thread_comm's waits slept at once; about 1 ms since they poll first). NVMe transfers are the drive's DMA and overlap, but their CPU time (the kernel's, the I/O thread's)
-  // does not: it is taken from a core, and a parallel loop waits for its slowest thread, so the whole of it counts.
+  // compute while thread_comm's waits slept at once; they poll first now, 5-12 us a call). NVMe transfers are the
+  // drive's DMA and overlap, but their CPU time (the kernel's, the I/O thread's) does not: it is taken from a core,
+  // and a parallel loop waits for its slowest thread, so the whole of it counts.
   const bool shared_cores = machine.kind == device_kind::host;
   const auto phase_moving = [&](double nvme_bytes) {
     const double moves = shared_cores ? t.compute + t.collective + t.host_to_device + t.device_to_host +
