@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <future>
 #include <new>
@@ -537,6 +538,35 @@ TEST_CASE("submit reports through its future and run_now_or_submit keeps issue o
   CHECK(ran_on == caller);
   auto failing = one.submit(std::packaged_task<void()>([] { throw chunkwise::error(chunkwise::error_code::comm_error, "x"); }));
   CHECK_THROWS_AS(failing.get(), chunkwise::error);
+}
+
+TEST_CASE("poll_until sees a condition set by another thread, gives up after its limit, and polls once at zero") {
+  std::atomic<bool> flag{false};
+  std::thread setter([&flag] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    flag.store(true);
+  });
+  CHECK(chunkwise::poll_until(std::chrono::seconds(10), [&flag] { return flag.load(); }));
+  setter.join();
+  int calls = 0;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(chunkwise::poll_until(std::chrono::milliseconds(5), [&calls] { return ++calls < 0; }));
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(5));
+  CHECK(calls > 1);
+  calls = 0;
+  CHECK_FALSE(chunkwise::poll_until(std::chrono::microseconds(0), [&calls] { return ++calls < 0; }));
+  CHECK(calls == 1);
+  CHECK(chunkwise::poll_until(std::chrono::microseconds(0), [] { return true; }));
+}
+
+TEST_CASE("a polling worker takes tasks given while it polls and after it has gone to sleep") {
+  chunkwise::worker_threads polling(1, std::chrono::microseconds(500));
+  std::vector<int> order;
+  for (int i = 0; i < 50; ++i) polling.submit(std::packaged_task<void()>([&order, i] { order.push_back(i); })).get();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past the poll: the worker sleeps
+  polling.submit(std::packaged_task<void()>([&order] { order.push_back(50); })).get();
+  REQUIRE(order.size() == 51);
+  for (int i = 0; i <= 50; ++i) CHECK(order[static_cast<std::size_t>(i)] == i);
 }
 
 TEST_CASE("parallel_for runs every index once on workers and caller, also nested in a worker and with no worker") {

@@ -34,6 +34,7 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/poll_until.hpp>
 #include <chunkwise/core/worker_threads.hpp>
 #include <chunkwise/testing/thread_comm_faults.hpp>
 
@@ -175,16 +176,14 @@ class thread_group {
     ready_.notify_all();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     if (failure_.empty() && !all_arrived(phase)) {
-      // Spin a while before sleeping: a peer usually arrives within microseconds, and waking a sleeping thread
+      // Poll a while before sleeping: a peer usually arrives within microseconds, and waking a sleeping thread
       // costs tens of them on a virtual machine whose idle core halts. A failed group is left to the locked path
-      // below (a rank arriving after the failure was set publishes its arrival after `failed_`, so a spinner that
+      // below (a rank arriving after the failure was set publishes its arrival after `failed_`, so a poller that
       // sees every arrival sees the failure too).
       lock.unlock();
-      const auto spin_end = std::chrono::steady_clock::now() + spin_before_sleep;
-      do {
-        std::this_thread::yield();
-        if (all_arrived(phase) && !failed_.load(std::memory_order_acquire)) return;
-      } while (std::chrono::steady_clock::now() < spin_end && !failed_.load(std::memory_order_relaxed));
+      const bool settled = poll_until(
+          spin_before_sleep, [&] { return failed_.load(std::memory_order_relaxed) || all_arrived(phase); });
+      if (settled && !failed_.load(std::memory_order_acquire)) return;  // read after the arrivals, as said above
       lock.lock();
     }
     for (;;) {
@@ -297,10 +296,7 @@ class thread_comm {
     void wait() {
       if (!done_.valid()) return;
       // As the rendezvous: a short spin before sleeping, since the worker usually finishes within microseconds.
-      const auto spin_end = std::chrono::steady_clock::now() + detail::thread_group::spin_before_sleep;
-      while (done_.wait_for(std::chrono::seconds(0)) != std::future_status::ready &&
-             std::chrono::steady_clock::now() < spin_end)
-        std::this_thread::yield();
+      (void)poll_until(detail::thread_group::spin_before_sleep, [this] { return test(); });
       done_.get();
     }
     [[nodiscard]] bool test() {

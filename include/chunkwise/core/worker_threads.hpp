@@ -11,6 +11,7 @@
 // by `rethrow_if_failed()`. A task given to `submit` reports through its future. `parallel_for` tasks are noexcept.
 // The destructor runs what is queued, then joins: every queued task ends.
 #include <chunkwise/core/error.hpp>
+#include <chunkwise/core/poll_until.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -178,11 +179,8 @@ class worker_threads {
   void run() {
     for (;;) {
       std::packaged_task<void()> task;
-      if (spin_before_sleep_.count() > 0) {  // a short spin for the next task before sleeping
-        const auto spin_end = std::chrono::steady_clock::now() + spin_before_sleep_;
-        while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < spin_end)
-          std::this_thread::yield();
-      }
+      if (spin_before_sleep_.count() > 0)  // poll for the next task before sleeping
+        (void)poll_until(spin_before_sleep_, [this] { return queued_.load(std::memory_order_relaxed) != 0; });
       {
         std::unique_lock lock(mutex_);
         // With one worker, a task run inline by run_now_or_submit holds back the queue, which keeps issue order.
