@@ -167,7 +167,10 @@ byte_count gemini_search_waste(const model_profile& model, std::uint64_t search_
   for (const auto& t : model.tensors) sizes.push_back(t.elements);
   double mean = 0, variance = 0;
   for (const auto x : sizes) mean += static_cast<double>(x) / static_cast<double>(sizes.size());
-  for (const auto x : sizes) variance += (x - mean) * (x - mean) / static_cast<double>(sizes.size());
+  for (const auto x : sizes) {
+    const double deviation = static_cast<double>(x) - mean;
+    variance += deviation * deviation / static_cast<double>(sizes.size());
+  }
   std::vector<std::uint64_t> kept;
   for (const auto x : sizes)
     if (static_cast<double>(x) <= mean + 3 * std::sqrt(variance)) kept.push_back(x);

@@ -1,9 +1,16 @@
 #include <chunkwise/measure/cache.hpp>
 #include <chunkwise/measure/host.hpp>
+#include <chunkwise/measure/rate_cache.hpp>
 
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <thread>
 
 using namespace chunkwise;
 
@@ -78,4 +85,133 @@ TEST_CASE("an NVMe directory that does not exist fails before anything is measur
   measure_options options{.nvme_directory = "/nonexistent/chunkwise", .nvme_test_bytes = 16 * MiB};
   options.progress = [](const std::string&) {};
   CHECK_THROWS_WITH_AS(measure<host_backend>(options), doctest::Contains("/nonexistent/chunkwise"), error);
+}
+
+namespace {
+struct rate_cache_dir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("chunkwise_rate_cache_test_" + std::to_string(::getpid()));
+  rate_cache_dir() { std::filesystem::remove_all(path); }
+  ~rate_cache_dir() { std::filesystem::remove_all(path); }
+};
+}  // namespace
+
+TEST_CASE("a program's own rate is measured once per key and machine, then read from beside the machine profile") {
+  rate_cache_dir dir;
+  int measured = 0;
+  const auto measure = [&](double value) {
+    return [&measured, value] {
+      ++measured;
+      return value;
+    };
+  };
+  std::vector<std::string> lines;
+  rate_cache_options options;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+
+  const auto first = measure_or_load_rate(dir.path, "passes fp32 2x128", measure(1.5e9), options);
+  CHECK(measured == 1);
+  CHECK(first.measured_now);
+  CHECK(first.value == 1.5e9);
+  CHECK(first.file == dir.path / ("rates-" + detail::machine_fingerprint() + ".json"));
+  CHECK(std::filesystem::exists(first.file));
+  const auto again = measure_or_load_rate(dir.path, "passes fp32 2x128", measure(9.0), options);
+  CHECK(measured == 1);  // read, not measured
+  CHECK_FALSE(again.measured_now);
+  CHECK(again.value == 1.5e9);
+  CHECK(again.measured_at == first.measured_at);
+  // Another key (another shape, dtype, rank count or build) has its own entry; the first one stays.
+  CHECK(measure_or_load_rate(dir.path, "passes bf16 2x128", measure(2.5e9), options).value == 2.5e9);
+  CHECK(measured == 2);
+  CHECK(measure_or_load_rate(dir.path, "passes fp32 2x128", measure(9.0), options).value == 1.5e9);
+  // measure_again replaces the entry.
+  options.measure_again = true;
+  CHECK(measure_or_load_rate(dir.path, "passes fp32 2x128", measure(1.25e9), options).value == 1.25e9);
+  CHECK(measured == 3);
+  options.measure_again = false;
+  CHECK(measure_or_load_rate(dir.path, "passes fp32 2x128", measure(9.0), options).value == 1.25e9);
+  CHECK(measure_or_load_rate(dir.path, "passes bf16 2x128", measure(9.0), options).value == 2.5e9);
+  CHECK(measured == 3);
+  CHECK(lines.empty());
+
+  // `keep` bounds the file: the newest entries stay.
+  options.keep = 2;
+  CHECK(measure_or_load_rate(dir.path, "passes fp16 2x128", measure(3.5e9), options).value == 3.5e9);
+  CHECK(measured == 4);
+  CHECK(measure_or_load_rate(dir.path, "passes fp16 2x128", measure(9.0), options).value == 3.5e9);
+  CHECK(measured == 4);
+  const double kept_fp32 = measure_or_load_rate(dir.path, "passes fp32 2x128", measure(7.0), options).value;
+  const double kept_bf16 = measure_or_load_rate(dir.path, "passes bf16 2x128", measure(7.0), options).value;
+  CHECK(measured == 5);  // one of the two older entries was dropped (the same second: either), then measured again
+  CHECK((kept_fp32 == 7.0) != (kept_bf16 == 7.0));
+
+  CHECK(program_build_stamp() != "unknown");
+  CHECK(program_build_stamp() == program_build_stamp());
+}
+
+TEST_CASE("programs sharing a rate cache lose no entry and measure a key once") {
+  rate_cache_dir dir;
+  rate_cache_options options;
+  options.progress = [](const std::string& line) { FAIL("unexpected progress: " << line); };
+  std::atomic<int> measured{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 4; ++w)
+    writers.emplace_back([&, w] {
+      for (int k = 0; k < 5; ++k) {
+        // Each writer its own keys, and all of them one shared key: measured by whichever comes first.
+        (void)measure_or_load_rate(dir.path, "writer " + std::to_string(w) + " key " + std::to_string(k), [&] {
+          ++measured;
+          return 1.0 + w * 10 + k;
+        }, options);
+        (void)measure_or_load_rate(dir.path, "shared", [&] { return ++measured, 99.0; }, options);
+      }
+    });
+  for (auto& t : writers) t.join();
+  CHECK(measured == 21);
+  for (int w = 0; w < 4; ++w)
+    for (int k = 0; k < 5; ++k)
+      CHECK(measure_or_load_rate(dir.path, "writer " + std::to_string(w) + " key " + std::to_string(k),
+                                 [] { return -1.0; }, options).value == 1.0 + w * 10 + k);
+  CHECK(load_measured_rates(dir.path / ("rates-" + detail::machine_fingerprint() + ".json")).size() == 21);
+}
+
+TEST_CASE("an unreadable rate cache is reported, measured over and replaced; a bad measurement is never cached") {
+  rate_cache_dir dir;
+  std::vector<std::string> lines;
+  rate_cache_options options;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  const auto file = dir.path / ("rates-" + detail::machine_fingerprint() + ".json");
+  std::filesystem::create_directories(dir.path);
+  for (const char* broken : {"{\"format\": \"chunkwise.measured_rates\", \"version\": 1, \"rates\": [",  // cut short
+                             "{\"format\": \"other\", \"version\": 1, \"rates\": []}",
+                             "{\"format\": \"chunkwise.measured_rates\", \"version\": 1, \"rates\": "
+                             "[{\"key\": \"k\", \"value\": -1, \"measured_at\": 5}]}"}) {
+    CAPTURE(broken);
+    std::ofstream(file) << broken;
+    lines.clear();
+    const auto rate = measure_or_load_rate(dir.path, "k", [] { return 4.0e9; }, options);
+    CHECK(rate.measured_now);
+    CHECK(rate.value == 4.0e9);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].find("the cached rates are unreadable, measuring again and replacing the file") == 0);
+    CHECK(lines[0].find(file.string()) != std::string::npos);  // names the file
+    lines.clear();
+    CHECK_FALSE(measure_or_load_rate(dir.path, "k", [] { return 1.0; }, options).measured_now);  // replaced
+    CHECK(lines.empty());
+  }
+  for (const double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(measure_or_load_rate(dir.path, "bad", [bad] { return bad; }, options),
+                         doctest::Contains("the measurement of 'bad' gave"), error);
+    int measured = 0;
+    CHECK(measure_or_load_rate(dir.path, "bad", [&measured] { return ++measured, 2.0; }, options).value == 2.0);
+    CHECK(measured == 1);  // the bad value was not kept
+    options.measure_again = true;  // and the next round's bad value is measured, not read
+    CHECK_THROWS_AS(measure_or_load_rate(dir.path, "bad", [bad] { return bad; }, options), error);
+    options.measure_again = false;
+    CHECK(measure_or_load_rate(dir.path, "bad", [] { return 9.0; }, options).value == 2.0);  // still the good one
+    std::filesystem::remove(file);
+  }
+  CHECK_THROWS_WITH_AS(measure_or_load_rate(dir.path, "", [] { return 1.0; }, options),
+                       doctest::Contains("the key is empty"), error);
 }

@@ -18,10 +18,11 @@
 # its activations (27 MiB) included; `BUDGET=32MiB overlap.sh build/default 20 1 --layers 8 --channels 256
 # --batch 2` runs the 2-row shape.
 # Step time: the trainer's median step after the first (cold) one; measured and predicted: medians over ROUNDS runs.
-# Each run calibrates its compute rate and predicts its own step in its own process; the table's error is the median
-# over rounds of (measured - predicted) / measured, each run against its own prediction, and the predicted R is the
-# median over rounds of the ratio of the streamed and resident runs' predictions (run one after the other), as this
-# machine's speed moves by 30-50% over tens of seconds: medians of predictions taken apart once gave 0.98.
+# Each run calibrates its compute rate (--recalibrate, not the cached one) and predicts its own step in its own
+# process; the table's error is the median over rounds of (measured - predicted) / measured, each run against its own
+# prediction, and the predicted R is the median over rounds of the ratio of the streamed and resident runs'
+# predictions (run one after the other), as this machine's speed moves by 30-50% over tens of seconds: medians of
+# predictions taken apart once gave 0.98.
 set -euo pipefail
 build="${1:-build/default}"
 steps="${2:-20}"
@@ -58,7 +59,7 @@ predictions = {name: [] for name, _ in configs}  # each run calibrates its compu
 moved = {}
 for r in range(rounds):
     for name, flags in (configs if r % 2 == 0 else list(reversed(configs))):
-        out = subprocess.run([trainer, "--steps", steps, "--eval-every", steps, "--ranks", ranks]
+        out = subprocess.run([trainer, "--steps", steps, "--eval-every", steps, "--ranks", ranks, "--recalibrate"]
                              + flags + extra, capture_output=True, text=True, check=True).stdout
         samples[name].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)))
         predictions[name].append(float(re.search(r"\(predicted ([0-9.]+) ms\)", out).group(1)))

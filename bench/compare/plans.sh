@@ -12,10 +12,10 @@
 #   plans <setting> max_prediction_error=E regret=R
 # and with RANKS settings, last:
 #   plans worst max_prediction_error=E regret=R
-# Each run calibrates its compute rate and collective cost and predicts its own step, in its own process. Measured
-# step time: the trainer's median step after the first (cold) one. The figures pair what was measured together, as
-# this machine's speed moves by 30-50% over tens of seconds (2 ranks: one round's processes predicted and measured
-# 12.4/11.9 ms, the next round's 19.2/19.2):
+# Each run calibrates its compute rate (--recalibrate, not the cached one) and collective cost and predicts its own
+# step, in its own process. Measured step time: the trainer's median step after the first (cold) one. The figures
+# pair what was measured together, as this machine's speed moves by 30-50% over tens of seconds (2 ranks: one
+# round's processes predicted and measured 12.4/11.9 ms, the next round's 19.2/19.2):
 #   E: the largest over plans of |median over rounds of (measured - predicted) / measured|, each run against its
 #      own prediction (medians of predictions and of measurements taken apart would pair a slow phase's prediction
 #      with a fast phase's step);
@@ -55,9 +55,10 @@ predictions = {plan: [] for plan in plans}
 for round_ in range(rounds):
     for plan in (plans if round_ % 2 == 0 else reversed(plans)):
         out = subprocess.run([trainer, "--plan", plan, "--steps", str(steps), "--eval-every", str(steps), "--ranks",
-                              ranks] + extra, capture_output=True, text=True, check=True).stdout
+                              ranks, "--recalibrate"] + extra, capture_output=True, text=True, check=True).stdout
         samples[plan].append(float(re.search(r"median step ([0-9.]+) ms", out).group(1)) * 1e-3)
-        # The run's own prediction: each run calibrates in its own process, as it measures.
+        # The run's own prediction: each run calibrates in its own process (--recalibrate, not the cached rate), as
+        # it measures.
         m = re.search(r"^[* ] " + re.escape(plan) + r"\s+([0-9.]+) (s|ms|us)\s", out, re.M)
         predictions[plan].append(float(m.group(1)) * seconds[m.group(2)])
 rows = []

@@ -19,7 +19,9 @@
 //   --data FILE (llm.c's token shards, magic 20240520, are read as tokens; any other file as bytes)
 //   --init-from FILE (an llm.c checkpoint, version 3 fp32 or 5 bf16: the model's shape and initial parameters;
 //   --context may shorten it)  --save-llmc FILE (the trained parameters as an llm.c checkpoint: 5 under --dtype bf16)
-//   --measure-cache DIR (~/.cache/chunkwise)  --eval-every N (50)
+//   --measure-cache DIR (~/.cache/chunkwise: the machine profile, and the rate this trainer's passes compute at,
+//   measured once per model shape, dtype, rank count, matrix-product engine and build)  --recalibrate (measure that
+//   rate now and replace the cached one: the machine's speed drifts)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
 //   --recompute auto|on|off (activation checkpointing: each block keeps only its output and backward recomputes its
@@ -48,6 +50,7 @@
 #include <chunkwise/plan/search.hpp>
 #include <chunkwise/measure/cache.hpp>
 #include <chunkwise/measure/host.hpp>
+#include <chunkwise/measure/rate_cache.hpp>
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
@@ -85,6 +88,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <exception>
 #include <new>
 #include <memory>
@@ -128,6 +132,7 @@ struct options {
   std::size_t eval_every = 50;
   std::string checkpoint;
   bool resume = false;
+  bool recalibrate = false;  // measure the passes' compute rate now, replacing the cached one
   std::string nvme_dir;
   std::string backend = "host";
   bool gpu_chunks = true;  // --backend cuda: the chunks in GPU memory where the run allows (else host chunks, mirror)
@@ -199,6 +204,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--eval-every") o.eval_every = count_flag(flag, value());
     else if (flag == "--checkpoint") o.checkpoint = value();
     else if (flag == "--resume") o.resume = true;
+    else if (flag == "--recalibrate") o.recalibrate = true;
     else if (flag == "--nvme-dir") o.nvme_dir = value();
     else if (flag == "--backend") o.backend = value();
     else if (flag == "--gpu-chunks") {
@@ -871,6 +877,42 @@ void install_matmul_engine(const options& o) {
 
 }  // namespace
 
+/// The rate the model's passes compute at, measured or read from the cache, and where it came from.
+struct calibration {
+  cached_rate rate;
+  std::string provenance() const {
+    if (rate.measured_now) return "measured now, cached in " + rate.file.string();
+    const auto when = static_cast<std::time_t>(rate.measured_at);
+    std::tm utc{};
+    char date[32] = "?";
+    if (gmtime_r(&when, &utc) != nullptr) std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
+    return std::string("measured ") + date + " (cached; --recalibrate measures again)";
+  }
+};
+
+/// The passes' rate for this run: everything it depends on is in the key (a rebuilt trainer measures again).
+/// Thread ranks: all of this machine's ranks computing at once in this process. MPI processes a launcher bound to
+/// their own cores: one rank on this process's cores (its threads would otherwise share them: 2 processes on 2 cores
+/// measured half the rate the step ran at).
+calibration calibrate_passes(const options& o, const std::filesystem::path& cache) {
+  const int computing = o.backend == "cuda" || (o.comm != "threads" && gpt2::bound_by_launcher()) ? 1 : o.ranks_here;
+  const auto* engine = gpt2::installed_matmul_engine();
+  char key[512];
+  std::snprintf(key, sizeof key, "train_gpt2 passes: backend %s, matmul %s, %s, %zu layers, %zu channels, %zu heads, "
+                "%zu vocabulary rows, context %zu, batch %zu, recompute %s, %d rank(s) computing at once, build %s",
+                o.backend.c_str(), engine != nullptr ? engine->name : "loops", std::string(to_string(o.type)).c_str(),
+                o.model.layers, o.model.channels, o.model.heads, o.model.vocab_rows(), o.model.context, o.model.batch,
+                o.model.recompute ? "on" : "off", computing, program_build_stamp().c_str());
+  rate_cache_options options;
+  options.measure_again = o.recalibrate;
+  return {measure_or_load_rate(cache, key, [&] {
+#if CHUNKWISE_GPT2_CUDA
+    if (o.backend == "cuda") return gpt2::measure_device_pass_flops(o.model, o.type == dtype::bf16);
+#endif
+    return gpt2::measure_pass_flops(o.model, computing, o.type);
+  }, options)};
+}
+
 /// What rank 0 decided, for every rank: the plan, its prediction, the device budget per rank and whether blocks
 /// recompute their activations (which changes the traced model). `ok` false: rank 0 failed and says why.
 struct run_decision {
@@ -926,23 +968,16 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
                 "16 MiB, %.0f us per call\n", machine.machines, machine.devices,
                 machine.inter_machine.at(16 * MiB) / 1e9, machine.inter_machine_latency_seconds * 1e6);
   }
-  // The compute rate of this trainer's own pass functions, measured now (the profile's GEMM rate is a peak).
+  // The compute rate of this trainer's own pass functions (the profile's GEMM rate is a peak), cached beside the
+  // machine profile.
   const double gemm_flops = machine.device_flops_per_second;
-#if CHUNKWISE_GPT2_CUDA
-  if (o.backend == "cuda")
-    machine.device_flops_per_second = gpt2::measure_device_pass_flops(o.model, o.type == dtype::bf16);
-  else
-#endif
-    // Thread ranks: all of this machine's ranks computing at once in this process. MPI processes a launcher bound
-    // to their own cores: one rank on this process's cores (its threads would otherwise share them: 2 processes on
-    // 2 cores measured half the rate the step ran at).
-    machine.device_flops_per_second = gpt2::measure_pass_flops(
-        o.model, o.comm != "threads" && gpt2::bound_by_launcher() ? 1 : o.ranks_here, o.type);
+  const calibration compute = calibrate_passes(o, cache);
+  machine.device_flops_per_second = compute.rate.value;
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
-              "(the machine profile's plain blocked GEMM: %.2f)\n\n", o.backend == "cuda" ? "device" : "CPU",
+              "(the machine profile's plain blocked GEMM: %.2f); %s\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
               o.type == dtype::fp32 ? "" : (", with the " + std::string(to_string(o.type)) + " conversions").c_str(),
-              gemm_flops / 1e9);
+              gemm_flops / 1e9, compute.provenance().c_str());
   // The fixed cost of a collective call among this run's ranks of one machine, measured with them (the profile's is
   // 2 thread ranks'): thread ranks outnumbering the cores take turns, MPI processes pay MPI's own.
   if (o.comm == "threads" && o.ranks > 1)

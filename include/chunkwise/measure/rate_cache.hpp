@@ -1,0 +1,136 @@
+#pragma once
+// measure_or_load_rate(): a rate a program measures for itself (a trainer's own passes' FLOP/s, which the machine
+// profile's generic GEMM rate overstates), kept beside the machine profile: in `cache_directory`/rates-<machine
+// fingerprint>.json (profile/rates_json.hpp), under a key the caller composes from everything the rate depends on
+// (the model's shape, the dtype, the ranks sharing the cores, the matrix-product engine, the program's build:
+// program_build_stamp()). A new measurement revision (the fingerprint) or a rebuilt program (the stamp in the key)
+// measures again; so does `measure_again` (a run that wants the rate of the machine's present phase, as
+// bench/compare/plans.sh does).
+//
+// Programs sharing the cache take turns: each holds an exclusive lock on the file's ".lock" beside it from reading
+// to writing, measurement included, so no entry is lost to a concurrent writer and no two calibrations slow each
+// other down. The file is replaced atomically; an unreadable one is reported, measured over and replaced, never
+// trusted. Needs nlohmann_json (the json component), as measure/cache.hpp does.
+#include <chunkwise/core/abi.hpp>
+#include <chunkwise/core/error.hpp>
+#include <chunkwise/measure/measure.hpp>
+#include <chunkwise/profile/rates_json.hpp>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace chunkwise::inline CHUNKWISE_ABI {
+
+struct rate_cache_options {
+  bool measure_again = false;  // measure now and replace the cached value
+  std::size_t keep = 64;       // rates kept in the file; the oldest go first (old builds' keys pile up otherwise)
+  std::function<void(const std::string&)> progress = [](const std::string& line) {
+    std::fprintf(stderr, "measure: %s\n", line.c_str());
+  };
+};
+
+struct cached_rate {
+  double value = 0;
+  bool measured_now = false;
+  std::int64_t measured_at = 0;  // seconds since the Unix epoch
+  std::filesystem::path file;    // where it is kept
+};
+
+/// The running program's build: its executable's size and modification time, for a key that a rebuild changes
+/// (a faster kernel must not inherit the old rate). "unknown" where /proc/self/exe cannot be read.
+inline std::string program_build_stamp() {
+  struct stat info {};
+  if (::stat("/proc/self/exe", &info) != 0) return "unknown";
+  return std::to_string(static_cast<long long>(info.st_size)) + "-" +
+         std::to_string(static_cast<long long>(info.st_mtime));
+}
+
+}  // namespace chunkwise
+
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
+
+/// An exclusive flock on `path` (created if missing) for this object's life.
+class exclusive_file_lock {
+ public:
+  explicit exclusive_file_lock(const std::filesystem::path& path)
+      : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw_posix_failure("open '" + path.string() + "'", errno, {});
+    int result;
+    do result = ::flock(fd_, LOCK_EX);
+    while (result != 0 && errno == EINTR);
+    if (result != 0) {
+      const int error_number = errno;
+      ::close(fd_);
+      throw_posix_failure("flock '" + path.string() + "'", error_number, {});
+    }
+  }
+  exclusive_file_lock(const exclusive_file_lock&) = delete;
+  exclusive_file_lock& operator=(const exclusive_file_lock&) = delete;
+  ~exclusive_file_lock() { ::close(fd_); }  // releases the lock
+
+ private:
+  int fd_;
+};
+
+}  // namespace chunkwise::detail
+
+namespace chunkwise::inline CHUNKWISE_ABI {
+
+/// The rate cached under `key` for this machine, or `measure()` (a positive, finite rate) now, saved with the other
+/// keys' rates. `measure` runs at most once, under the cache's lock.
+template <class Measure>
+cached_rate measure_or_load_rate(const std::filesystem::path& cache_directory, const std::string& key,
+                                 Measure&& measure, const rate_cache_options& options = {}) {
+  if (key.empty()) throw_error(error_code::invalid_argument, "measure_or_load_rate: the key is empty");
+  cached_rate result;
+  result.file = cache_directory / ("rates-" + detail::machine_fingerprint() + ".json");
+  std::filesystem::create_directories(cache_directory);
+  const detail::exclusive_file_lock lock(result.file.string() + ".lock");
+  std::vector<measured_rate> rates;
+  if (std::filesystem::exists(result.file)) {
+    try {
+      rates = load_measured_rates(result.file);
+    } catch (const chunkwise::error& e) {
+      options.progress(std::string("the cached rates are unreadable, measuring again and replacing the file: ") +
+                       e.what());
+      rates.clear();
+    }
+  }
+  const auto found = std::find_if(rates.begin(), rates.end(), [&](const auto& r) { return r.key == key; });
+  if (found != rates.end() && !options.measure_again) {
+    result.value = found->value;
+    result.measured_at = found->measured_at;
+    return result;
+  }
+  const double value = std::forward<Measure>(measure)();
+  if (!(value > 0) || !std::isfinite(value))
+    throw_error(error_code::invalid_argument, "measure_or_load_rate: the measurement of '" + key + "' gave " +
+                                                  std::to_string(value) + ", not a rate > 0; nothing was cached");
+  result.value = value;
+  result.measured_now = true;
+  result.measured_at =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (found != rates.end()) rates.erase(found);
+  rates.insert(rates.begin(), {key, value, result.measured_at});  // first among rates of the same second
+  std::stable_sort(rates.begin(), rates.end(),
+                   [](const auto& a, const auto& b) { return a.measured_at > b.measured_at; });
+  rates.resize(std::min(rates.size(), std::max<std::size_t>(options.keep, 1)));
+  save_measured_rates(rates, result.file);
+  return result;
+}
+
+}  // namespace chunkwise
