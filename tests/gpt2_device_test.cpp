@@ -136,7 +136,7 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           CHECK(held.mirror.empty());
           CHECK(held.staged_parameters.owned.empty());
           CHECK(held.staged_gradients.owned.empty());
-          CHECK(held.staged_parameters.data == lent_staging);
+          CHECK(held.staged_parameters.lent == lent_staging);
           CHECK(workspace.own_device_bytes() < gpt2::device_workspace::staging_bytes(config) / 2);
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {

@@ -242,28 +242,28 @@ inline void zero_activations(float* p, std::size_t n) { zero(p, static_cast<inde
 
 inline void already_zero(float*, std::size_t) {}
 
-/// A staging area of `elements` floats: lent, or allocated at its first use.
-struct staging_area {
+/// Device memory of some floats: lent (the runtime's device tier, where the plan charged it) or this one's own,
+/// allocated at the first get(), zeroed (device_vector value-initialises).
+struct lent_or_owned {
   [[nodiscard]] float* get(std::size_t elements) {
-    if (data == nullptr) {
-      owned = buffer(elements, 0.0f);
-      data = thrust::raw_pointer_cast(owned.data());
-    }
-    return data;
+    if (lent == nullptr && owned.empty()) owned = buffer(elements, 0.0f);
+    return data();
   }
-  float* data = nullptr;
+  /// The memory; nullptr before the first get() when none was lent.
+  [[nodiscard]] float* data() { return lent != nullptr ? lent : owned.empty() ? nullptr : raw(owned); }
+  float* lent = nullptr;
   buffer owned;
 };
 
-/// The activations' block: lent (the runtime's device tier), or this one's own when none is.
+/// The activations' block, taken at once: a base of device_workspace::state, so that it exists before the
+/// activations' views of it.
 struct activation_block {
   activation_block(const model_config& config, float* lent)
-      : owned(lent != nullptr ? 0 : activations<float>::total_elements(config)),
-        memory(lent != nullptr ? lent : thrust::raw_pointer_cast(owned.data())) {}
-  /// How the activations zero the block: a lent one on the device; an owned one came zeroed (device_vector
-  /// value-initialises), and zeroing it again would write every byte twice.
-  [[nodiscard]] auto fill_zero() const { return owned.empty() ? zero_activations : already_zero; }
-  buffer owned;
+      : block{lent, buffer{}}, memory(block.get(activations<float>::total_elements(config))) {}
+  /// How the activations zero the block: a lent one on the device; an owned one came zeroed, and zeroing it again
+  /// would write every byte twice.
+  [[nodiscard]] auto fill_zero() const { return block.owned.empty() ? zero_activations : already_zero; }
+  lent_or_owned block;
   float* memory;
 };
 
@@ -280,8 +280,8 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     tokens = thrust::device_vector<int>(B * T, 0);
     targets = thrust::device_vector<int>(B * T, 0);
     if (lent.staging != nullptr) {
-      staged_parameters.data = lent.staging;
-      staged_gradients.data = lent.staging + staging;
+      staged_parameters.lent = lent.staging;
+      staged_gradients.lent = lent.staging + staging;
     }
     for (const auto& tensor : parameter_tensors(config)) {
       mirror_offsets.push_back(mirror_elements);
@@ -314,8 +314,8 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   // Staging areas of the largest pass (`staging` elements each), lent or allocated at their first use: passes on
   // fp32 device chunks compute in place and need neither.
   std::size_t staging;
-  device_detail::staging_area staged_gradients;   // a pass's fp32 gradients, for host or bf16 chunks
-  device_detail::staging_area staged_parameters;  // bf16 chunks' parameters widened
+  device_detail::lent_or_owned staged_gradients;   // a pass's fp32 gradients, for host or bf16 chunks
+  device_detail::lent_or_owned staged_parameters;  // bf16 chunks' parameters widened
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
   std::size_t mirror_elements = 0;
   // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
@@ -350,10 +350,11 @@ inline void check_staging(std::size_t offset, std::size_t elements, std::size_t 
 // The gradient staging slot at `offset`, which zeroed_gradient allocates and a pass then adds out.
 inline float* staged_gradient(device_workspace::state& s, std::size_t offset, std::size_t elements) {
   check_staging(offset, elements, s.staging);
-  if (s.staged_gradients.data == nullptr)
+  float* staged = s.staged_gradients.data();
+  if (staged == nullptr)
     chunkwise::throw_error(chunkwise::error_code::invalid_argument,
                            "GPT-2 device passes: gradients added out before zeroed_gradient staged them");
-  return s.staged_gradients.data + offset;
+  return staged + offset;
 }
 
 // Layer norm on the device: gpt2_model.hpp's kernels::layernorm_forward and layernorm_backward, in stages.
@@ -432,7 +433,7 @@ void device_workspace::synchronize() { state_->matmul.synchronize(); }
 
 std::size_t device_workspace::own_device_bytes() const noexcept {
   const auto& s = *state_;
-  const std::size_t floats = s.owned.size() + s.staged_gradients.owned.size() + s.staged_parameters.owned.size() +
+  const std::size_t floats = s.block.owned.size() + s.staged_gradients.owned.size() + s.staged_parameters.owned.size() +
                              s.mirror.size() + s.row_parts.size() + s.row_stats.size();
   return floats * sizeof(float) + (s.tokens.size() + s.targets.size()) * sizeof(int);
 }
