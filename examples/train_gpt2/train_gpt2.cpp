@@ -133,6 +133,7 @@ struct options {
   std::string checkpoint;
   bool resume = false;
   bool recalibrate = false;  // measure the passes' compute rate now, replacing the cached one
+  std::string rate_cached_at;  // set by the planning: when the cached compute rate was measured ("": just now)
   std::string nvme_dir;
   std::string backend = "host";
   bool gpu_chunks = true;  // --backend cuda: the chunks in GPU memory where the run allows (else host chunks, mirror)
@@ -591,6 +592,13 @@ class progress_log {
                   "device peak %s, pinned host peak %s\n",
                   gpt2::median_of(steady) * 1e3, chosen.time.step * 1e3, steady.size(),
                   format_bytes(rt.device_stats().peak).c_str(), format_bytes(rt.host_stats().peak).c_str());
+      // A prediction far off with a cached compute rate: the machine may have changed speed since it was measured
+      // (by more than its phases move it, 30-50% here; a small model's step is off by 20-30% from run to run).
+      const double ratio = gpt2::median_of(steady) / chosen.time.step;
+      if (!o_.rate_cached_at.empty() && chosen.time.step > 0 && (ratio > 1.5 || ratio < 1 / 1.5))
+        std::printf("the median step is %.2fx the prediction, whose compute rate is the one cached at %s: if this "
+                    "machine's speed has moved since, --recalibrate measures it again\n", ratio,
+                    o_.rate_cached_at.c_str());
     }
     if (rt.streamed_chunks() > 0)
       std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
@@ -880,13 +888,16 @@ void install_matmul_engine(const options& o) {
 /// The rate the model's passes compute at, measured or read from the cache, and where it came from.
 struct calibration {
   cached_rate rate;
-  std::string provenance() const {
-    if (rate.measured_now) return "measured now, cached in " + rate.file.string();
+  [[nodiscard]] std::string date() const {
     const auto when = static_cast<std::time_t>(rate.measured_at);
     std::tm utc{};
-    char date[32] = "?";
-    if (gmtime_r(&when, &utc) != nullptr) std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
-    return std::string("measured ") + date + " (cached; --recalibrate measures again)";
+    char text[32] = "?";
+    if (gmtime_r(&when, &utc) != nullptr) std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &utc);
+    return text;
+  }
+  [[nodiscard]] std::string provenance() const {
+    if (rate.measured_now) return "measured now, cached in " + rate.file.string();
+    return "measured " + date() + " (cached; --recalibrate measures again)";
   }
 };
 
@@ -973,6 +984,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   const double gemm_flops = machine.device_flops_per_second;
   const calibration compute = calibrate_passes(o, cache);
   machine.device_flops_per_second = compute.rate.value;
+  o.rate_cached_at = compute.rate.measured_now ? "" : compute.date();
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
               "(the machine profile's plain blocked GEMM: %.2f); %s\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
