@@ -238,9 +238,13 @@ struct activations {
   [[nodiscard]] static std::size_t total_bytes(const model_config& config) {
     return total_elements(config) * sizeof(Real);
   }
-  [[nodiscard]] std::size_t held_elements() const noexcept {
-    return saved_elements() + dresidual.size() + gradient_scratch_.size();
+  /// Backward's workspace, held through the step: the two alternating slices of the residual stream's gradient, and
+  /// one block's activation gradients or the head's (dlnf, dlogits), which share their memory.
+  [[nodiscard]] static std::size_t backward_workspace_elements(const model_config& config) {
+    return activations<Real, detail::counted_buffer>(config, nullptr).workspace_elements();
   }
+  [[nodiscard]] std::size_t held_elements() const noexcept { return saved_elements() + workspace_elements(); }
+  [[nodiscard]] std::size_t workspace_elements() const noexcept { return dresidual.size() + gradient_scratch_.size(); }
 
   /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
   /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp); under recompute the per-layer terms

@@ -56,9 +56,10 @@ inline std::vector<std::size_t> layer_tensors(std::size_t layer) {
 struct pass_costs {
   explicit pass_costs(const model_config& config)
       : B(config.batch), T(config.context), C(config.channels), Vp(config.vocab_rows()), H(config.heads),
-        recompute(config.recompute) {}
+        recompute(config.recompute), workspace(activations<float>::backward_workspace_elements(config)) {}
   std::uint64_t B, T, C, Vp, H;
   bool recompute;
+  std::uint64_t workspace;  // backward's workspace in elements, as activations<float> carves it
   static constexpr chunkwise::byte_count f = sizeof(float);
   chunkwise::byte_count embed() const { return B * T * C * f; }
   chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
@@ -66,13 +67,9 @@ struct pass_costs {
   chunkwise::byte_count layer_saved() const { return recompute ? B * T * C * f : layer(); }
   chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
   // Buffers the trainer holds through the step, counted as every pass's scratch (so each pass's bytes are what is
-  // live while it runs): the recompute slot in every pass, backward's workspace in every backward pass (the two
-  // alternating slices of the residual stream's gradient, and one block's activation gradients or the head's dlnf
-  // and dlogits, which share their memory).
+  // live while it runs): the recompute slot in every pass, backward's workspace in every backward pass.
   chunkwise::byte_count slot() const { return recompute ? layer() - B * T * C * f : 0; }
-  chunkwise::byte_count backward_workspace() const {
-    return (2 * B * T * C + std::max(17 * B * T * C + 2 * B * H * T * T, B * T * (C + Vp))) * f;
-  }
+  chunkwise::byte_count backward_workspace() const { return workspace * f; }
   chunkwise::byte_count forward_scratch() const { return slot(); }
   chunkwise::byte_count backward_scratch() const { return slot() + backward_workspace(); }
   std::uint64_t layer_backward_flops() const { return (recompute ? 3 : 2) * layer_flops(); }
