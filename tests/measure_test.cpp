@@ -175,6 +175,37 @@ TEST_CASE("programs sharing a rate cache lose no entry and measure a key once") 
   CHECK(load_measured_rates(dir.path / ("rates-" + detail::machine_fingerprint() + ".json")).size() == 21);
 }
 
+TEST_CASE("a rate cache that cannot be locked or written is read; what is measured then is used, not cached") {
+  rate_cache_dir dir;
+  std::vector<std::string> lines;
+  rate_cache_options options;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  CHECK(measure_or_load_rate(dir.path, "kept", [] { return 3.0e9; }, options).value == 3.0e9);
+  const auto file = dir.path / ("rates-" + detail::machine_fingerprint() + ".json");
+  // The lock cannot be opened (a directory in its place: refused even to root, as CI runs).
+  std::filesystem::remove(file.string() + ".lock");
+  std::filesystem::create_directory(file.string() + ".lock");
+  const auto kept = measure_or_load_rate(dir.path, "kept", [] { return 9.0; }, options);
+  CHECK_FALSE(kept.measured_now);
+  CHECK(kept.value == 3.0e9);
+  CHECK(lines.empty());
+  const auto fresh = measure_or_load_rate(dir.path, "new", [] { return 5.0e9; }, options);
+  CHECK(fresh.measured_now);
+  CHECK(fresh.value == 5.0e9);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("the rate measured now is used but not cached: cannot write the rate cache in " +
+                      dir.path.string()) == 0);
+  CHECK(lines[0].find(".lock") != std::string::npos);  // says what failed
+  REQUIRE(load_measured_rates(file).size() == 1);  // the file as it was
+  CHECK(load_measured_rates(file)[0].key == "kept");
+  // A directory that cannot be made: measured, used, reported.
+  lines.clear();
+  const auto nowhere = measure_or_load_rate("/proc/self/no_such_cache", "new", [] { return 6.0e9; }, options);
+  CHECK(nowhere.value == 6.0e9);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("the rate measured now is used but not cached") == 0);
+}
+
 TEST_CASE("an unreadable rate cache is reported, measured over and replaced; a bad measurement is never cached") {
   rate_cache_dir dir;
   std::vector<std::string> lines;

@@ -10,7 +10,8 @@
 // Programs sharing the cache take turns: each holds an exclusive lock on the file's ".lock" beside it from reading
 // to writing, measurement included, so no entry is lost to a concurrent writer and no two calibrations slow each
 // other down. The file is replaced atomically; an unreadable one is reported, measured over and replaced, never
-// trusted. Needs nlohmann_json (the json component), as measure/cache.hpp does.
+// trusted. A cache that cannot be locked or written (read-only) is still read; what is measured then is used and
+// reported as not cached. Needs nlohmann_json (the json component), as measure/cache.hpp does.
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/measure/measure.hpp>
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,8 +100,16 @@ cached_rate measure_or_load_rate(const std::filesystem::path& cache_directory, c
   if (key.empty()) throw_error(error_code::invalid_argument, "measure_or_load_rate: the key is empty");
   cached_rate result;
   result.file = cache_directory / ("rates-" + detail::machine_fingerprint() + ".json");
-  std::filesystem::create_directories(cache_directory);
-  const detail::exclusive_file_lock lock(result.file.string() + ".lock");
+  // A cache this program cannot lock (a read-only directory, shared): its rates are read, a new one is measured
+  // and used but not saved, and the progress line says so.
+  std::unique_ptr<const detail::exclusive_file_lock> lock;  // held until the return
+  std::string unwritable;
+  try {
+    std::filesystem::create_directories(cache_directory);
+    lock = std::make_unique<const detail::exclusive_file_lock>(result.file.string() + ".lock");
+  } catch (const std::exception& e) {
+    unwritable = e.what();
+  }
   std::vector<measured_rate> rates;
   if (std::filesystem::exists(result.file)) {
     try {
@@ -129,7 +139,16 @@ cached_rate measure_or_load_rate(const std::filesystem::path& cache_directory, c
   std::stable_sort(rates.begin(), rates.end(),
                    [](const auto& a, const auto& b) { return a.measured_at > b.measured_at; });
   rates.resize(std::min(rates.size(), std::max<std::size_t>(options.keep, 1)));
-  save_measured_rates(rates, result.file);
+  if (unwritable.empty()) {
+    try {
+      save_measured_rates(rates, result.file);  // atomic: on failure the old file stays
+    } catch (const chunkwise::error& e) {
+      unwritable = e.what();
+    }
+  }
+  if (!unwritable.empty())
+    options.progress("the rate measured now is used but not cached: cannot write the rate cache in " +
+                     cache_directory.string() + " (" + unwritable + ")");
   return result;
 }
 
