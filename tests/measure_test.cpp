@@ -206,6 +206,43 @@ TEST_CASE("a rate cache that cannot be locked or written is read; what is measur
   CHECK(lines[0].find("the rate measured now is used but not cached") == 0);
 }
 
+TEST_CASE("an observed rate is kept for the next run, read without measuring, and replaced by the next observation") {
+  rate_cache_dir dir;
+  std::vector<std::string> lines;
+  rate_cache_options options;
+  options.progress = [&](const std::string& line) { lines.push_back(line); };
+  CHECK_FALSE(cached_rate_of(dir.path, "drive speed", options).has_value());  // nothing yet, no file needed
+  const auto kept = keep_rate(dir.path, "drive speed", 1.42, options);
+  CHECK(kept.measured_now);
+  CHECK(kept.file == detail::cache_file(dir.path, "rates"));
+  const auto read = cached_rate_of(dir.path, "drive speed", options);
+  REQUIRE(read.has_value());
+  CHECK_FALSE(read->measured_now);
+  CHECK(read->value == 1.42);
+  CHECK(read->measured_at == kept.measured_at);
+  // The measured rates beside it stay; the next observation replaces this one.
+  CHECK(measure_or_load_rate(dir.path, "passes", [] { return 2.0e9; }, options).value == 2.0e9);
+  CHECK(keep_rate(dir.path, "drive speed", 0.8, options).value == 0.8);
+  CHECK(cached_rate_of(dir.path, "drive speed", options)->value == 0.8);
+  CHECK(cached_rate_of(dir.path, "passes", options)->value == 2.0e9);
+  CHECK(load_measured_rates(kept.file).size() == 2);
+  CHECK(lines.empty());
+  for (const double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(keep_rate(dir.path, "drive speed", bad, options),
+                         doctest::Contains("the rate of 'drive speed' is"), error);
+  }
+  CHECK(cached_rate_of(dir.path, "drive speed", options)->value == 0.8);  // a bad observation kept nothing
+  CHECK_THROWS_WITH_AS(keep_rate(dir.path, "", 1.0, options), doctest::Contains("the key is empty"), error);
+  // An unreadable file reads as empty, said once; the next observation replaces it.
+  std::ofstream(kept.file) << "{\"format\": \"other\"}";
+  CHECK_FALSE(cached_rate_of(dir.path, "drive speed", options).has_value());
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("the cached rates are unreadable") == 0);
+  CHECK(keep_rate(dir.path, "drive speed", 1.1, options).value == 1.1);
+  CHECK(cached_rate_of(dir.path, "drive speed", options)->value == 1.1);
+}
+
 TEST_CASE("an unreadable rate cache is reported, measured over and replaced; a bad measurement is never cached") {
   rate_cache_dir dir;
   std::vector<std::string> lines;
@@ -224,7 +261,7 @@ TEST_CASE("an unreadable rate cache is reported, measured over and replaced; a b
     CHECK(rate.measured_now);
     CHECK(rate.value == 4.0e9);
     REQUIRE(lines.size() == 1);
-    CHECK(lines[0].find("the cached rates are unreadable, measuring again and replacing the file") == 0);
+    CHECK(lines[0].find("the cached rates are unreadable; none is trusted, the file is replaced") == 0);
     CHECK(lines[0].find(file.string()) != std::string::npos);  // names the file
     lines.clear();
     CHECK_FALSE(measure_or_load_rate(dir.path, "k", [] { return 1.0; }, options).measured_now);  // replaced

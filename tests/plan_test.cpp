@@ -482,6 +482,36 @@ TEST_CASE("an NVMe plan's drive time takes the drive's rates at its block size")
   CHECK(large.nvme == doctest::Approx(predict().nvme).epsilon(1e-9));
 }
 
+TEST_CASE("a drive observed at another speed than profiled scales every NVMe rate, so the drive time, by it") {
+  using streamed_from_nvme = plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>;
+  auto machine = describe_machine({.gpus = 1, .gpu_memory = 2 * GiB, .host_memory = 64 * GiB});
+  machine.nvme_read_by_block.add(1 * MiB, 1.0e9);
+  machine.nvme_read_by_block.add(64 * MiB, 2.0e9);
+  machine.nvme_write_by_block.add(1 * MiB, 0.5e9);
+  machine.nvme_write_by_block.add(64 * MiB, 1.5e9);
+  const auto faster = with_nvme_speed(machine, 1.5);
+  CHECK(faster.nvme_read_bytes_per_second == 1.5 * machine.nvme_read_bytes_per_second);
+  CHECK(faster.nvme_write_bytes_per_second == 1.5 * machine.nvme_write_bytes_per_second);
+  for (const byte_count block : {512 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB}) {
+    CAPTURE(block);
+    CHECK(nvme_read_rate(faster, block) == doctest::Approx(1.5 * nvme_read_rate(machine, block)).epsilon(1e-12));
+    CHECK(nvme_write_rate(faster, block) == doctest::Approx(1.5 * nvme_write_rate(machine, block)).epsilon(1e-12));
+  }
+  CHECK(faster.device_flops_per_second == machine.device_flops_per_second);  // the drive's rates only
+  CHECK(faster.host_to_device_bytes_per_second == machine.host_to_device_bytes_per_second);
+  detail::chunk_shares shares;  // 10 fp32 chunks of 4 MiB
+  shares.chunks = 10;
+  shares.chunk_bytes = shares.average_bytes = shares.parameter = shares.gradient = 4 * MiB;
+  shares.rest_parameter = shares.rest_average_parameter = shares.first_parameter = 4 * MiB;
+  shares.state = 8 * MiB;
+  shares.state_bytes_per_element = 8;
+  shares.flops = 1e9;
+  const auto profiled = predict_time<streamed_from_nvme>(machine, shares, 5, 0, 15);
+  REQUIRE(profiled.nvme > 0);
+  CHECK(predict_time<streamed_from_nvme>(faster, shares, 5, 0, 15).nvme ==
+        doctest::Approx(profiled.nvme / 1.5).epsilon(1e-9));
+}
+
 TEST_CASE("on Elixir's benchmark matrix the search offloads nothing where all fits, and the least Adam work otherwise") {
   // Elixir's evaluation (Huang et al., 2023): GPT-2-style models of 4B to 20B parameters on 1 to 4 A100 80 GB of a
   // DGX A100 (NVLink between GPUs, PCIe 4 to a host of 1 TiB), batch 4 to 16 per GPU, sequence 1024, activation

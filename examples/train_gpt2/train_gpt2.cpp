@@ -20,8 +20,9 @@
 //   --init-from FILE (an llm.c checkpoint, version 3 fp32 or 5 bf16: the model's shape and initial parameters;
 //   --context may shorten it)  --save-llmc FILE (the trained parameters as an llm.c checkpoint: 5 under --dtype bf16)
 //   --measure-cache DIR (~/.cache/chunkwise: the machine profile, and the rate this trainer's passes compute at,
-//   measured once per model shape, dtype, rank count, matrix-product engine and build)  --recalibrate (measure that
-//   rate now and replace the cached one: the machine's speed drifts)  --eval-every N (50)
+//   measured once per model shape, dtype, rank count, matrix-product engine and build; and the NVMe drive's speed
+//   under a run's own traffic, which the next run plans with)  --recalibrate (measure that rate now and replace the
+//   cached one, and plan with the drive's profiled rates: the machine's speed drifts)  --eval-every N (50)
 //   --checkpoint DIR (save there at every evaluation and at the end)  --resume (continue from DIR's checkpoint)
 //   --nvme-dir DIR (the NVMe store's directory for plans with NVMe homes; the system's temporary directory)
 //   --recompute auto|on|off (activation checkpointing: each block keeps only its output and backward recomputes its
@@ -64,6 +65,7 @@
 #endif
 #include "process_ranks.hpp"
 #include "data_loader.hpp"
+#include "drive_speed.hpp"
 #ifndef CHUNKWISE_GPT2_BLAS
 #define CHUNKWISE_GPT2_BLAS 0  // the build found no OpenBLAS
 #endif
@@ -133,7 +135,6 @@ struct options {
   std::string checkpoint;
   bool resume = false;
   bool recalibrate = false;  // measure the passes' compute rate now, replacing the cached one
-  std::string rate_cached_at;  // set by the planning: when the cached compute rate was measured ("": just now)
   std::string nvme_dir;
   std::string backend = "host";
   bool gpu_chunks = true;  // --backend cuda: the chunks in GPU memory where the run allows (else host chunks, mirror)
@@ -472,6 +473,13 @@ void print_choice(const std::array<prediction, PlanSet::size>& plans, std::size_
   std::printf("  what: %s\n", plan_in_words<Plan>(p).c_str());
 }
 
+/// What rank 0's planning took from the measure cache, for its summary: when the compute rate it planned with was
+/// measured, and the NVMe drive's speed, which the run's own drive time corrects for the next run.
+struct planning_notes {
+  std::int64_t compute_rate_cached_at = 0;  // seconds since the Unix epoch; 0: measured by this run
+  gpt2::drive_speed drive;
+};
+
 /// A rank's part of the run, whatever runs it (a thread, a process): the plan's knobs, the device budget per rank
 /// and the initial parameters.
 struct rank_setup {
@@ -480,6 +488,7 @@ struct rank_setup {
   byte_count device_budget;
   const prediction& chosen;
   const tensor_initializer& initialize;
+  const planning_notes& notes;  // rank 0's
 };
 
 /// Test hooks (CHUNKWISE_GPT2_KILL_AT=RANK:STEP, CHUNKWISE_GPT2_STOP_AT=RANK:STEP): that rank kills itself with
@@ -559,7 +568,7 @@ class progress_log {
 
   /// The losses, the bytes moved, the median step against the prediction, peaks and the device cache.
   template <class Runtime>
-  void summary(const Runtime& rt, const prediction& chosen) const {
+  void summary(const Runtime& rt, const prediction& chosen, const planning_notes& notes) const {
     if (step_seconds_.empty()) return;
     const std::size_t steps = step_seconds_.size();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -595,10 +604,10 @@ class progress_log {
       // A prediction far off with a cached compute rate: the machine may have changed speed since it was measured
       // (by more than its phases move it, 30-50% here; a small model's step is off by 20-30% from run to run).
       const double ratio = gpt2::median_of(steady) / chosen.time.step;
-      if (!o_.rate_cached_at.empty() && chosen.time.step > 0 && (ratio > 1.5 || ratio < 1 / 1.5))
+      if (notes.compute_rate_cached_at != 0 && chosen.time.step > 0 && (ratio > 1.5 || ratio < 1 / 1.5))
         std::printf("the median step is %.2fx the prediction, whose compute rate is the one cached at %s: if this "
                     "machine's speed has moved since, --recalibrate measures it again\n", ratio,
-                    o_.rate_cached_at.c_str());
+                    gpt2::utc_date(notes.compute_rate_cached_at).c_str());
     }
     if (rt.streamed_chunks() > 0)
       std::printf("device cache (rank 0, %zu of %zu chunks streamed): %s\n", rt.streamed_chunks(),
@@ -608,14 +617,14 @@ class progress_log {
                   format_bytes(nvme.bytes_read / steps).c_str(),
                   static_cast<unsigned long long>(nvme.params_handed_over),
                   static_cast<unsigned long long>(nvme.params_read));
-    print_drive(chosen);
+    print_drive(chosen, notes.drive);
   }
 
  private:
   /// The NVMe home store over the steps after the first, against the cost model's drive time (the profile's rates
   /// for this plan's block size, time-shared). A drive whose rate moved since it was measured shows here, apart from
   /// the rest of the model. With several ranks each has its own store on the drive and the model's time is theirs.
-  void print_drive(const prediction& chosen) const {
+  void print_drive(const prediction& chosen, const gpt2::drive_speed& drive) const {
     const auto steps = static_cast<double>(step_seconds_.size() - 1);
     const double busy = (last_home_.busy_seconds - first_home_.busy_seconds) / std::max(steps, 1.0);
     if (steps < 1 || busy <= 0) return;
@@ -629,6 +638,16 @@ class progress_log {
     std::printf("NVMe drive (rank 0, the steps after the first): busy %.1f ms a step, reading %s and writing %s%s\n",
                 busy * 1e3, per_step(last_home_.bytes_read, first_home_.bytes_read).c_str(),
                 per_step(last_home_.bytes_written, first_home_.bytes_written).c_str(), model);
+    // One rank alone on the drive: its rate under this traffic, for the next run. (Several ranks share it, each
+    // with its own store: one rank's bytes over its busy time are not the drive's rate.)
+    if (o_.ranks == 1) {
+      // The plan's block: one fp32 array of a chunk (its parameters, or each of its states).
+      const byte_count block = chosen.knobs.chunk_bytes * 4 / size_of(o_.type);
+      const std::string line = drive.observe(last_home_.bytes_read - first_home_.bytes_read,
+                                             last_home_.bytes_written - first_home_.bytes_written,
+                                             last_home_.busy_seconds - first_home_.busy_seconds, block);
+      if (!line.empty()) std::printf("%s\n", line.c_str());
+    }
   }
 
   const options& o_;
@@ -817,7 +836,7 @@ void train_rank(const rank_setup& setup, Comm& comm, HostComm& host_comm) {
       }
     }
   }
-  if (r == 0) log.summary(rt, setup.chosen);
+  if (r == 0) log.summary(rt, setup.chosen, setup.notes);
   if (r == 0) passes.print_own_device_memory();
 
   if (!o.save_llmc.empty()) {  // every rank reads (a collective call for sharded plans), rank 0 writes
@@ -888,16 +907,9 @@ void install_matmul_engine(const options& o) {
 /// The rate the model's passes compute at, measured or read from the cache, and where it came from.
 struct calibration {
   cached_rate rate;
-  [[nodiscard]] std::string date() const {
-    const auto when = static_cast<std::time_t>(rate.measured_at);
-    std::tm utc{};
-    char text[32] = "?";
-    if (gmtime_r(&when, &utc) != nullptr) std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", &utc);
-    return text;
-  }
   [[nodiscard]] std::string provenance() const {
     if (rate.measured_now) return "measured now, cached in " + rate.file.string();
-    return "measured " + date() + " (cached; --recalibrate measures again)";
+    return "measured " + gpt2::utc_date(rate.measured_at) + " (cached; --recalibrate measures again)";
   }
 };
 
@@ -937,7 +949,7 @@ static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to
 
 /// Profiles the model, measures the machine (or loads its profile), prints the memory lines and the explain table,
 /// and chooses the plan: the fastest that fits, or --plan's. Throws with the table printed when none fits.
-run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
+run_decision plan_the_run(options& o, const gpt2::machine_links& links, planning_notes& notes) {
   model_profile model = traced_model(o);
   std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
               "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
@@ -961,6 +973,12 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   // then this run's device budget in its place.
   machine_profile machine =
       measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
+  // The drive at the speed a run on it observed, where one did.
+  notes.drive = gpt2::drive_speed(cache, o.nvme_dir.empty() ? std::filesystem::temp_directory_path()
+                                                            : std::filesystem::path(o.nvme_dir),
+                                  machine, o.recalibrate);
+  machine = notes.drive.machine();
+  if (const std::string line = notes.drive.planning_line(); !line.empty()) std::printf("%s\n", line.c_str());
   const byte_count measured_memory = machine.device_memory;
   check_activations_fit(o, machine.host_memory);
   if (o.model.recompute) model = traced_model(o);
@@ -984,7 +1002,7 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links) {
   const double gemm_flops = machine.device_flops_per_second;
   const calibration compute = calibrate_passes(o, cache);
   machine.device_flops_per_second = compute.rate.value;
-  o.rate_cached_at = compute.rate.measured_now ? "" : compute.date();
+  notes.compute_rate_cached_at = compute.rate.measured_now ? 0 : compute.rate.measured_at;
   std::printf("compute: the model's %s passes run at %.2f GFLOP/s per rank with %d rank(s) on this machine%s "
               "(the machine profile's plain blocked GEMM: %.2f); %s\n\n", o.backend == "cuda" ? "device" : "CPU",
               machine.device_flops_per_second / 1e9, o.ranks_here,
@@ -1125,6 +1143,7 @@ int main(int argc, char** argv) {
     // Rank 0 plans (a process per rank measuring the machine at once would measure the contention, and could
     // choose differently); the others take its decision.
     run_decision decision;
+    planning_notes notes;  // rank 0's
     gpt2::machine_links links;  // one machine, unless processes say otherwise
 #if CHUNKWISE_HAS_MPI
     if (processes) links = processes->measure_links();
@@ -1136,7 +1155,7 @@ int main(int argc, char** argv) {
 #endif
     {
       try {
-        decision = plan_the_run(o, links);
+        decision = plan_the_run(o, links, notes);
       } catch (...) {
 #if CHUNKWISE_HAS_MPI
         if (processes) processes->from_rank0(run_decision{});  // the others stop with rank 0
@@ -1156,7 +1175,7 @@ int main(int argc, char** argv) {
         imported.empty() ? gpt2::initializer(o.model, o.seed) : [&imported](std::uint32_t t, std::span<float> values) {
           std::copy(imported[t].begin(), imported[t].end(), values.begin());
         };
-    const rank_setup setup{o, model, decision.device_budget, decision.chosen, initialize};
+    const rank_setup setup{o, model, decision.device_budget, decision.chosen, initialize, notes};
     training = true;
     dispatch<gpt2::trainable_plans>(decision.plan, [&]<class Plan>(std::type_identity<Plan>) {
 #if CHUNKWISE_HAS_MPI

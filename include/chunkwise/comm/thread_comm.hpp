@@ -295,7 +295,7 @@ class thread_comm {
     request() = default;
     void wait() {
       if (!done_.valid()) return;
-      // As the rendezvous: a short spin before sleeping, since the worker usually finishes within microseconds.
+      // As the rendezvous: poll before sleeping (poll_until), since the worker usually finishes within microseconds.
       (void)poll_until(detail::thread_group::spin_before_sleep, [this] { return test(); });
       done_.get();
     }

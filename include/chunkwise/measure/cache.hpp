@@ -16,7 +16,7 @@ namespace chunkwise::inline CHUNKWISE_ABI {
 /// measurement, saved there atomically.
 template <class Backend>
 machine_profile measure_or_load(const std::filesystem::path& cache_directory, const measure_options& options = {}) {
-  const auto file = cache_directory / ("machine-" + detail::machine_fingerprint() + ".json");
+  const auto file = detail::cache_file(cache_directory, "machine");
   if (std::filesystem::exists(file)) {
     auto cached = load_machine_profile(file);
     // The cache holds the machine; how it is used (ranks, the device budget) is this run's.

@@ -21,6 +21,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace chunkwise::inline CHUNKWISE_ABI {
@@ -106,6 +107,12 @@ inline std::string machine_fingerprint() {
   char text[24];
   std::snprintf(text, sizeof text, "host-%016llx", static_cast<unsigned long long>(hash));
   return text;
+}
+
+/// A cache file of this machine's: `directory`/<what>-<fingerprint>.json ("machine": its profile; "rates": the
+/// rates programs measured on it).
+inline std::filesystem::path cache_file(const std::filesystem::path& directory, std::string_view what) {
+  return directory / (std::string(what) + "-" + machine_fingerprint() + ".json");
 }
 
 /// The end of every backend's measurement: says how long it took, and validates what was measured.

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,6 +91,78 @@ class exclusive_file_lock {
 
 }  // namespace chunkwise::detail
 
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
+
+/// The rate file of `cache_directory`, locked and read for this object's life. A cache that cannot be locked (a
+/// read-only directory, shared) is still read; put() then keeps the value for this run only and says why.
+class rate_file {
+ public:
+  rate_file(const std::filesystem::path& cache_directory, const std::function<void(const std::string&)>& progress)
+      : directory_(cache_directory), file_(cache_file(cache_directory, "rates")), progress_(progress) {
+    try {
+      std::filesystem::create_directories(directory_);
+      lock_ = std::make_unique<const exclusive_file_lock>(file_.string() + ".lock");
+    } catch (const std::exception& e) {
+      unwritable_ = e.what();
+    }
+    if (!std::filesystem::exists(file_)) return;
+    try {
+      rates_ = load_measured_rates(file_);
+    } catch (const chunkwise::error& e) {
+      progress_(std::string("the cached rates are unreadable; none is trusted, the file is replaced: ") + e.what());
+    }
+  }
+
+  [[nodiscard]] const std::filesystem::path& file() const noexcept { return file_; }
+
+  [[nodiscard]] const measured_rate* find(const std::string& key) const {
+    const auto found = std::find_if(rates_.begin(), rates_.end(), [&](const auto& r) { return r.key == key; });
+    return found != rates_.end() ? &*found : nullptr;
+  }
+
+  /// `value` under `key` (replacing it), newest first, the file cut to `keep` rates and replaced atomically.
+  cached_rate put(const std::string& key, double value, std::size_t keep) {
+    if (!(value > 0) || !std::isfinite(value))
+      throw_error(error_code::invalid_argument, "the rate of '" + key + "' is " + std::to_string(value) +
+                                                    ", not a rate > 0; nothing was cached");
+    cached_rate result{.value = value, .measured_now = true, .measured_at = now(), .file = file_};
+    std::erase_if(rates_, [&](const auto& r) { return r.key == key; });
+    rates_.insert(rates_.begin(), {key, value, result.measured_at});  // first among rates of the same second
+    std::stable_sort(rates_.begin(), rates_.end(),
+                     [](const auto& a, const auto& b) { return a.measured_at > b.measured_at; });
+    rates_.resize(std::min(rates_.size(), std::max<std::size_t>(keep, 1)));
+    if (unwritable_.empty()) {
+      try {
+        save_measured_rates(rates_, file_);  // atomic: on failure the old file stays
+      } catch (const chunkwise::error& e) {
+        unwritable_ = e.what();
+      }
+    }
+    if (!unwritable_.empty())
+      progress_("the rate measured now is used but not cached: cannot write the rate cache in " +
+                directory_.string() + " (" + unwritable_ + ")");
+    return result;
+  }
+
+ private:
+  static std::int64_t now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  std::filesystem::path directory_, file_;
+  const std::function<void(const std::string&)>& progress_;
+  std::unique_ptr<const exclusive_file_lock> lock_;  // held until the object goes
+  std::string unwritable_;                           // why the cache cannot be written, if it cannot
+  std::vector<measured_rate> rates_;
+};
+
+inline cached_rate as_cached(const measured_rate& rate, const std::filesystem::path& file) {
+  return {.value = rate.value, .measured_now = false, .measured_at = rate.measured_at, .file = file};
+}
+
+}  // namespace chunkwise::detail
+
 namespace chunkwise::inline CHUNKWISE_ABI {
 
 /// The rate cached under `key` for this machine, or `measure()` (a positive, finite rate) now, saved with the other
@@ -98,58 +171,31 @@ template <class Measure>
 cached_rate measure_or_load_rate(const std::filesystem::path& cache_directory, const std::string& key,
                                  Measure&& measure, const rate_cache_options& options = {}) {
   if (key.empty()) throw_error(error_code::invalid_argument, "measure_or_load_rate: the key is empty");
-  cached_rate result;
-  result.file = cache_directory / ("rates-" + detail::machine_fingerprint() + ".json");
-  // A cache this program cannot lock (a read-only directory, shared): its rates are read, a new one is measured
-  // and used but not saved, and the progress line says so.
-  std::unique_ptr<const detail::exclusive_file_lock> lock;  // held until the return
-  std::string unwritable;
-  try {
-    std::filesystem::create_directories(cache_directory);
-    lock = std::make_unique<const detail::exclusive_file_lock>(result.file.string() + ".lock");
-  } catch (const std::exception& e) {
-    unwritable = e.what();
-  }
-  std::vector<measured_rate> rates;
-  if (std::filesystem::exists(result.file)) {
-    try {
-      rates = load_measured_rates(result.file);
-    } catch (const chunkwise::error& e) {
-      options.progress(std::string("the cached rates are unreadable, measuring again and replacing the file: ") +
-                       e.what());
-      rates.clear();
-    }
-  }
-  const auto found = std::find_if(rates.begin(), rates.end(), [&](const auto& r) { return r.key == key; });
-  if (found != rates.end() && !options.measure_again) {
-    result.value = found->value;
-    result.measured_at = found->measured_at;
-    return result;
-  }
+  detail::rate_file rates(cache_directory, options.progress);
+  if (const auto* found = rates.find(key); found != nullptr && !options.measure_again)
+    return detail::as_cached(*found, rates.file());
   const double value = std::forward<Measure>(measure)();
   if (!(value > 0) || !std::isfinite(value))
     throw_error(error_code::invalid_argument, "measure_or_load_rate: the measurement of '" + key + "' gave " +
                                                   std::to_string(value) + ", not a rate > 0; nothing was cached");
-  result.value = value;
-  result.measured_now = true;
-  result.measured_at =
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (found != rates.end()) rates.erase(found);
-  rates.insert(rates.begin(), {key, value, result.measured_at});  // first among rates of the same second
-  std::stable_sort(rates.begin(), rates.end(),
-                   [](const auto& a, const auto& b) { return a.measured_at > b.measured_at; });
-  rates.resize(std::min(rates.size(), std::max<std::size_t>(options.keep, 1)));
-  if (unwritable.empty()) {
-    try {
-      save_measured_rates(rates, result.file);  // atomic: on failure the old file stays
-    } catch (const chunkwise::error& e) {
-      unwritable = e.what();
-    }
-  }
-  if (!unwritable.empty())
-    options.progress("the rate measured now is used but not cached: cannot write the rate cache in " +
-                     cache_directory.string() + " (" + unwritable + ")");
-  return result;
+  return rates.put(key, value, options.keep);
+}
+
+/// The rate cached under `key` for this machine, if there is one (a run's observation of the machine that a later
+/// run plans with: how fast a drive went under the run's own traffic).
+inline std::optional<cached_rate> cached_rate_of(const std::filesystem::path& cache_directory, const std::string& key,
+                                                 const rate_cache_options& options = {}) {
+  const detail::rate_file rates(cache_directory, options.progress);
+  if (const auto* found = rates.find(key)) return detail::as_cached(*found, rates.file());
+  return std::nullopt;
+}
+
+/// Caches `value` (> 0, finite) under `key`, replacing what was there: what a run observed, for the next.
+inline cached_rate keep_rate(const std::filesystem::path& cache_directory, const std::string& key, double value,
+                             const rate_cache_options& options = {}) {
+  if (key.empty()) throw_error(error_code::invalid_argument, "keep_rate: the key is empty");
+  detail::rate_file rates(cache_directory, options.progress);
+  return rates.put(key, value, options.keep);
 }
 
 }  // namespace chunkwise
