@@ -5,11 +5,12 @@
 // (the model's shape, the dtype, the ranks sharing the cores, the matrix-product engine, the program's build:
 // program_build_stamp()). A new measurement revision (the fingerprint) or a rebuilt program (the stamp in the key)
 // measures again; so does `measure_again` (a run that wants the rate of the machine's present phase, as
-// bench/compare/plans.sh does).
+// bench/compare/plans.sh does). keep_rate() and cached_rate_of() keep and read what a run observed rather than
+// measured beforehand (the NVMe drive's speed under the run's own traffic, for the next run's planning).
 //
 // Programs sharing the cache take turns: each holds an exclusive lock on the file's ".lock" beside it from reading
 // to writing, measurement included, so no entry is lost to a concurrent writer and no two calibrations slow each
-// other down. The file is replaced atomically; an unreadable one is reported, measured over and replaced, never
+// other down. The file is replaced atomically; an unreadable one is reported, read as empty and replaced, never
 // trusted. A cache that cannot be locked or written (read-only) is still read; what is measured then is used and
 // reported as not cached. Needs nlohmann_json (the json component), as measure/cache.hpp does.
 #include <chunkwise/core/abi.hpp>
