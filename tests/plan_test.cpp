@@ -452,18 +452,27 @@ TEST_CASE("an fp32 NVMe update that trails backward finds fewer of the device ca
   CHECK(slower > slow);
 }
 
+/// `chunks` fp32 chunks of `bytes` on one rank, a GFLOP a step: parameters and gradients of `bytes`, then Adam's m and
+/// v (2 x `bytes`).
+namespace {
+detail::chunk_shares fp32_chunk_shares(std::uint64_t chunks, byte_count bytes) {
+  detail::chunk_shares shares;
+  shares.chunks = chunks;
+  shares.chunk_bytes = shares.average_bytes = shares.parameter = shares.gradient = bytes;
+  shares.rest_parameter = shares.rest_average_parameter = shares.first_parameter = bytes;
+  shares.state = 2 * bytes;
+  shares.state_bytes_per_element = 8;
+  shares.flops = 1e9;
+  return shares;
+}
+}  // namespace
+
 TEST_CASE("an NVMe plan's drive time takes the drive's rates at its block size") {
   // A drive whose small blocks run slower: the NVMe time of the same plan and chunks follows the rate at the plan's
   // block (one fp32 array of a chunk's share), and the flat rates where the profile has no curve.
   using streamed_from_nvme = plan<layout::min_waste<>, cached<space::nvme>, sharded, optimizer_follows_home>;
   auto machine = describe_machine({.gpus = 1, .gpu_memory = 2 * GiB, .host_memory = 64 * GiB});
-  detail::chunk_shares shares;  // 10 fp32 chunks of 1 MiB: parameters, gradients, then m and v (2 MiB)
-  shares.chunks = 10;
-  shares.chunk_bytes = shares.average_bytes = shares.parameter = shares.gradient = 1 * MiB;
-  shares.rest_parameter = shares.rest_average_parameter = shares.first_parameter = 1 * MiB;
-  shares.state = 2 * MiB;
-  shares.state_bytes_per_element = 8;
-  shares.flops = 1e9;
+  auto shares = fp32_chunk_shares(10, 1 * MiB);
   const auto predict = [&] { return predict_time<streamed_from_nvme>(machine, shares, 5, 0, 15); };
   const auto flat = predict();
   REQUIRE(flat.nvme > 0);
@@ -499,13 +508,7 @@ TEST_CASE("a drive observed at another speed than profiled scales every NVMe rat
   }
   CHECK(faster.device_flops_per_second == machine.device_flops_per_second);  // the drive's rates only
   CHECK(faster.host_to_device_bytes_per_second == machine.host_to_device_bytes_per_second);
-  detail::chunk_shares shares;  // 10 fp32 chunks of 4 MiB
-  shares.chunks = 10;
-  shares.chunk_bytes = shares.average_bytes = shares.parameter = shares.gradient = 4 * MiB;
-  shares.rest_parameter = shares.rest_average_parameter = shares.first_parameter = 4 * MiB;
-  shares.state = 8 * MiB;
-  shares.state_bytes_per_element = 8;
-  shares.flops = 1e9;
+  const auto shares = fp32_chunk_shares(10, 4 * MiB);
   const auto profiled = predict_time<streamed_from_nvme>(machine, shares, 5, 0, 15);
   REQUIRE(profiled.nvme > 0);
   CHECK(predict_time<streamed_from_nvme>(faster, shares, 5, 0, 15).nvme ==
