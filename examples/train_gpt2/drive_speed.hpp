@@ -54,16 +54,15 @@ class drive_speed {
     }
   }
 
-  /// The factor on the profile's NVMe rates planned with (1: the profile's own).
-  [[nodiscard]] double speed() const noexcept { return speed_; }
   /// The machine to plan with: the profile with its drive at speed().
   [[nodiscard]] chunkwise::machine_profile machine() const { return chunkwise::with_nvme_speed(profiled_, speed_); }
   /// The planning line, where a run's observation sets the drive's rates ("" where the profile's do).
   [[nodiscard]] std::string planning_line() const {
     if (observed_at_ == 0) return "";
     char line[256];
-    std::snprintf(line, sizeof line, "NVMe drive: planned at %.2fx the machine profile's rates, as a run on this drive "
-                  "observed at %s (--recalibrate plans with the profile's)", speed_, utc_date(observed_at_).c_str());
+    std::snprintf(line, sizeof line, "NVMe drive: planned at %.2fx the machine profile's rates, as runs on this drive "
+                  "observed it, the last at %s (--recalibrate plans with the profile's)", speed_,
+                  utc_date(observed_at_).c_str());
     return line;
   }
 

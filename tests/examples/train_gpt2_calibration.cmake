@@ -74,8 +74,8 @@ if(_trainer_output MATCHES "${_speed}; the next run on this drive plans with ([0
     message(FATAL_ERROR "the first observation of the drive is kept as it is: ${CMAKE_MATCH_1}, kept ${CMAKE_MATCH_2}")
   endif()
   set(_observed "${CMAKE_MATCH_2}")
-  string(CONCAT _planned "\nNVMe drive: planned at ${_observed}x the machine profile's rates, as a run on this drive "
-                        "observed at 20[0-9-]+ [0-9:]+ UTC \\(--recalibrate plans with the profile's\\)\n")
+  string(CONCAT _planned "\nNVMe drive: planned at ${_observed}x the machine profile's rates, as runs on this drive "
+                        "observed it, the last at 20[0-9-]+ [0-9:]+ UTC \\(--recalibrate plans with the profile's\\)\n")
   # A run that planned with the kept speed keeps the geometric mean of it and what it observes.
   run_trainer(FLAGS ${_nvme} EXPECT "${_planned}")
   if(NOT _trainer_output MATCHES "${_speed}; the next run on this drive plans with ([0-9.]+)x, between this and the")
