@@ -57,18 +57,24 @@ std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, 
     }
     rt.step(1e-3f);
   }
+  if (on_device) {  // nothing lent, so all its own: the activations, the scratch, the mirror, the gradient staging
+    const std::size_t scratch = (gpt2::device_workspace::scratch_bytes(config) + 3) / 4 * 4;
+    CHECK(workspace.own_device_bytes() == gpt2::activations<float>::total_bytes(config) + scratch +
+                                              model.tensor_bytes() + gpt2::device_workspace::staging_bytes(config) / 2);
+  }
   std::vector<std::vector<float>> parameters;
   for (std::uint32_t t = 0; t < model.tensors.size(); ++t) parameters.push_back(rt.read_parameters(t));
   if (streamed != nullptr) *streamed = rt.traffic().fetched;
   return parameters;
 }
 
-// The isolated device's "kernels" run on the host aliases of its memory.
-struct alias_address {
+// The isolated device's "kernels" run on the host aliases of its memory, on the calling thread: done at once.
+struct host_aliases {
   template <class T>
-  T* operator()(T* device) const {
+  T* address(T* device) const {
     return static_cast<T*>(host_alias(device));
   }
+  [[nodiscard]] host_event computed() const { return {}; }
 };
 
 /// Parameters after 3 steps under Plan on `ranks` thread ranks (each its rows of the same batch) with the chunks in
@@ -111,33 +117,40 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           gpt2::chunk_executor cpu(rt, compute, acts);
           steps(cpu);
         } else {
-          // The activations, and for bf16 chunks the staging areas, in the runtime's device tier, as train_gpt2
-          // --backend cuda takes them (the kernels here write the isolated device's host aliases).
+          // The activations, the scratch, and for bf16 chunks the staging areas, in the runtime's device tier, as
+          // train_gpt2 --backend cuda takes them (the kernels here write the isolated device's host aliases).
           const byte_count bytes = gpt2::activations<float>::total_bytes(config);
           const bool staged = type == dtype::bf16;
           const byte_count staging_bytes = staged ? gpt2::device_workspace::staging_bytes(config) : 0;
+          const byte_count scratch_bytes = gpt2::device_workspace::scratch_bytes(config);
           const byte_count in_use = rt.device_stats().in_use;
           auto activation_memory = rt.device_workspace(bytes);
+          auto scratch_memory = rt.device_workspace(scratch_bytes);
           auto staging_memory = staged ? rt.device_workspace(staging_bytes) : typename runtime_type::workspace{};
-          CHECK(rt.device_stats().in_use == in_use + bytes + staging_bytes);
-          float* lent = alias_address{}(activation_memory.data());
+          CHECK(rt.device_stats().in_use == in_use + bytes + scratch_bytes + staging_bytes);
+          float* lent = host_aliases{}.address(activation_memory.data());
           std::fill_n(lent, bytes / sizeof(float), -1e30f);  // the workspace zeroes it
-          float* lent_staging = staged ? alias_address{}(staging_memory.data()) : nullptr;
-          gpt2::device_workspace workspace(config, false, {lent, lent_staging});
+          float* lent_scratch = host_aliases{}.address(scratch_memory.data());
+          std::fill_n(lent_scratch, scratch_bytes / sizeof(float), -1e30f);  // nothing reads it before writing it
+          float* lent_staging = staged ? host_aliases{}.address(staging_memory.data()) : nullptr;
+          gpt2::device_workspace workspace(config, false, {lent, lent_staging, lent_scratch});
           const auto& held = workspace.buffers();
           CHECK(held.encoded.data() == lent);  // the block's first buffer; dlogits or dfcproj ends it
           CHECK(std::max(held.dlogits.data() + held.dlogits.size(), held.dfcproj.data() + held.dfcproj.size()) ==
                 lent + bytes / sizeof(float));
-          gpt2::device_chunk_executor device(rt, workspace, config, alias_address{});
+          gpt2::device_chunk_executor device(rt, workspace, config, host_aliases{});
           steps(device);
-          // Outside the tier only the token arrays and row scratch: fp32 chunks are computed on in place, with no
-          // staging area (each as large as the largest pass's parameters); bf16 chunks are widened into the lent one
-          // and accumulated from the other.
+          // Nothing outside the tier: fp32 chunks are computed on in place, with no staging area (each as large as
+          // the largest pass's parameters); bf16 chunks are widened into the lent one and accumulated from the
+          // other; the token arrays and row sums are in the lent scratch.
           CHECK(held.mirror.empty());
           CHECK(held.staged_parameters.owned.empty());
           CHECK(held.staged_gradients.owned.empty());
           CHECK(held.staged_parameters.lent == lent_staging);
-          CHECK(workspace.own_device_bytes() < gpt2::device_workspace::staging_bytes(config) / 2);
+          CHECK(held.scratch.tokens == reinterpret_cast<int*>(lent_scratch));
+          CHECK(reinterpret_cast<char*>(held.scratch.row_stats + held.scratch.layout.row_stats_elements) <=
+                reinterpret_cast<char*>(lent_scratch) + scratch_bytes);
+          CHECK(workspace.own_device_bytes() == 0);
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
@@ -192,11 +205,12 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
   const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
   const auto config = gpt2_device_cases::small_config();
   const byte_count activations = gpt2::activations<float>::total_bytes(config);
+  const byte_count scratch = gpt2::device_workspace::scratch_bytes(config);
   for (const dtype type : {dtype::fp32, dtype::bf16}) {
     CAPTURE(type);
     const byte_count staging = type == dtype::bf16 ? gpt2::device_workspace::staging_bytes(config) : 0;
     const auto cpu = train<Plan>(false, budget, nullptr, type);
-    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations + staging, type), cpu) == 0.0);
+    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations + scratch + staging, type), cpu) == 0.0);
   }
 }
 

@@ -113,7 +113,7 @@ TEST_CASE("a program's own rate is measured once per key and machine, then read 
   CHECK(measured == 1);
   CHECK(first.measured_now);
   CHECK(first.value == 1.5e9);
-  CHECK(first.file == dir.path / ("rates-" + detail::machine_fingerprint() + ".json"));
+  CHECK(first.file == dir.path / ("rates-" + detail::machine_fingerprint() + ".json"));  // the file's name
   CHECK(std::filesystem::exists(first.file));
   const auto again = measure_or_load_rate(dir.path, "passes fp32 2x128", measure(9.0), options);
   CHECK(measured == 1);  // read, not measured
@@ -172,7 +172,7 @@ TEST_CASE("programs sharing a rate cache lose no entry and measure a key once") 
     for (int k = 0; k < 5; ++k)
       CHECK(measure_or_load_rate(dir.path, "writer " + std::to_string(w) + " key " + std::to_string(k),
                                  [] { return -1.0; }, options).value == 1.0 + w * 10 + k);
-  CHECK(load_measured_rates(dir.path / ("rates-" + detail::machine_fingerprint() + ".json")).size() == 21);
+  CHECK(load_measured_rates(detail::cache_file(dir.path, "rates")).size() == 21);
 }
 
 TEST_CASE("a rate cache that cannot be locked or written is read; what is measured then is used, not cached") {
@@ -181,7 +181,7 @@ TEST_CASE("a rate cache that cannot be locked or written is read; what is measur
   rate_cache_options options;
   options.progress = [&](const std::string& line) { lines.push_back(line); };
   CHECK(measure_or_load_rate(dir.path, "kept", [] { return 3.0e9; }, options).value == 3.0e9);
-  const auto file = dir.path / ("rates-" + detail::machine_fingerprint() + ".json");
+  const auto file = detail::cache_file(dir.path, "rates");
   // The lock cannot be opened (a directory in its place: refused even to root, as CI runs).
   std::filesystem::remove(file.string() + ".lock");
   std::filesystem::create_directory(file.string() + ".lock");
@@ -204,6 +204,12 @@ TEST_CASE("a rate cache that cannot be locked or written is read; what is measur
   CHECK(nowhere.value == 6.0e9);
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("the rate measured now is used but not cached") == 0);
+  // An observation there is not cached either, and says so as an observation.
+  lines.clear();
+  CHECK(keep_rate(dir.path, "seen", 1.5, options).value == 1.5);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("the rate observed now is not cached: cannot write the rate cache in ") == 0);
+  CHECK(load_measured_rates(file).size() == 1);
 }
 
 TEST_CASE("an observed rate is kept for the next run, read without measuring, and replaced by the next observation") {
@@ -230,7 +236,7 @@ TEST_CASE("an observed rate is kept for the next run, read without measuring, an
   for (const double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(keep_rate(dir.path, "drive speed", bad, options),
-                         doctest::Contains("the rate of 'drive speed' is"), error);
+                         doctest::Contains("keep_rate: the observation of 'drive speed' gave"), error);
   }
   CHECK(cached_rate_of(dir.path, "drive speed", options)->value == 0.8);  // a bad observation kept nothing
   CHECK_THROWS_WITH_AS(keep_rate(dir.path, "", 1.0, options), doctest::Contains("the key is empty"), error);
@@ -248,7 +254,7 @@ TEST_CASE("an unreadable rate cache is reported, measured over and replaced; a b
   std::vector<std::string> lines;
   rate_cache_options options;
   options.progress = [&](const std::string& line) { lines.push_back(line); };
-  const auto file = dir.path / ("rates-" + detail::machine_fingerprint() + ".json");
+  const auto file = detail::cache_file(dir.path, "rates");
   std::filesystem::create_directories(dir.path);
   for (const char* broken : {"{\"format\": \"chunkwise.measured_rates\", \"version\": 1, \"rates\": [",  // cut short
                              "{\"format\": \"other\", \"version\": 1, \"rates\": []}",

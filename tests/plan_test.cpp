@@ -476,6 +476,12 @@ TEST_CASE("an NVMe plan's drive time takes the drive's rates at its block size")
   const auto predict = [&] { return predict_time<streamed_from_nvme>(machine, shares, 5, 0, 15); };
   const auto flat = predict();
   REQUIRE(flat.nvme > 0);
+  CHECK(detail::nvme_block_bytes(shares) == 1 * MiB);  // one fp32 array of a chunk
+  auto bf16 = shares;  // bf16 parameters (half the bytes) beside an fp32 master and two moments: the same block
+  bf16.parameter = 512 * KiB;
+  bf16.state = 3 * MiB;
+  bf16.state_bytes_per_element = 12;
+  CHECK(detail::nvme_block_bytes(bf16) == 1 * MiB);
   // At the plan's 1 MiB block the curve says half the flat rates; from 64 MiB on, the flat rates.
   machine.nvme_read_by_block.add(1 * MiB, machine.nvme_read_bytes_per_second / 2);
   machine.nvme_read_by_block.add(64 * MiB, machine.nvme_read_bytes_per_second);
@@ -486,6 +492,7 @@ TEST_CASE("an NVMe plan's drive time takes the drive's rates at its block size")
   CHECK(predict().nvme == doctest::Approx(2 * flat.nvme).epsilon(1e-9));
   shares.parameter = shares.gradient = 64 * MiB;  // chunks of 64 MiB: the curve's flat end
   shares.state = 128 * MiB;
+  CHECK(detail::nvme_block_bytes(shares) == 64 * MiB);
   const auto large = predict();
   machine.nvme_read_by_block = machine.nvme_write_by_block = bandwidth_curve{};
   CHECK(large.nvme == doctest::Approx(predict().nvme).epsilon(1e-9));

@@ -408,6 +408,69 @@ TEST_CASE("on a device the host cannot address, every one-rank plan trains to th
   });
 }
 
+// Two steps of the toy at one rank on the isolated device, every pass acquired and released with nothing computed in
+// forward; in backward a "kernel" reads the pass's parameters and writes gradients from them (g = p / 2 + 1/16).
+// `queued`: the kernel runs on a stream of the trainer's 30 ms after release(pass, computed) has returned, as a GPU's
+// kernels still run when the trainer's thread moves on; else on the trainer's thread before release(pass).
+template <class Plan>
+std::vector<std::vector<float>> train_with_kernels(bool queued) {
+  const auto model = toy::profile(toy::batch);
+  thread_world world(1);
+  isolated_comm comm(world.comm(0));
+  runtime_options options;
+  options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(2) : std::nullopt;
+  runtime<Plan, isolated_backend, isolated_comm> rt(model, comm, toy::initialize, options);
+  host_backend trainer;  // its h2d stream is the trainer's compute stream
+  for (int step = 1; step <= 2; ++step) {
+    for (std::size_t pass = 0; pass < model.passes.size(); ++pass) {
+      rt.acquire(pass);
+      if (model.passes[pass].kind == pass_kind::forward) {
+        rt.release(pass);
+        continue;
+      }
+      std::vector<std::pair<const float*, float*>> tensors;  // host aliases of (parameters, gradients)
+      for (const auto t : model.passes[pass].tensors)
+        tensors.emplace_back(static_cast<const float*>(host_alias(rt.parameter(t).data())),
+                             static_cast<float*>(host_alias(rt.gradient(t).data())));
+      const auto sizes = [&] {
+        std::vector<std::size_t> n;
+        for (const auto t : model.passes[pass].tensors) n.push_back(model.tensors[t].elements);
+        return n;
+      }();
+      const auto kernel = [tensors, sizes, queued] {
+        if (queued) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        for (std::size_t k = 0; k < tensors.size(); ++k)
+          for (std::size_t i = 0; i < sizes[k]; ++i) tensors[k].second[i] += tensors[k].first[i] / 2 + 0.0625f;
+      };
+      if (!queued) {
+        kernel();
+        rt.release(pass);
+        continue;
+      }
+      trainer.h2d().enqueue(kernel);
+      rt.release(pass, trainer.record(trainer.h2d()));
+    }
+    rt.step(1e-2f);
+  }
+  std::vector<std::vector<float>> parameters;
+  for (std::uint32_t t = 0; t < model.tensors.size(); ++t) parameters.push_back(rt.read_parameters(t));
+  return parameters;
+}
+
+TEST_CASE("a pass released while its kernels are still queued hands its chunks on only after them") {
+  // Offloaded states: each chunk's gradients go down to the host once complete; streamed homes (2 device blocks for
+  // 4 chunks): a released block is refilled with the next chunk. Ordered after the kernels' event, both see what the
+  // kernels wrote and read: the same bits as kernels run before the release. Unordered, the copy down would take the
+  // zeroed accumulator, and the next fetch would overwrite the parameters the kernel reads.
+  using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
+  using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+  const auto offloaded_in_order = train_with_kernels<offloaded>(false);
+  CHECK(train_with_kernels<offloaded>(true) == offloaded_in_order);
+  const auto streamed_in_order = train_with_kernels<streamed>(false);
+  CHECK(train_with_kernels<streamed>(true) == streamed_in_order);
+  CHECK(streamed_in_order == offloaded_in_order);  // the same maths whatever the plan
+}
+
 TEST_CASE("checkpoints move between a device the host cannot address and the host backend, bit for bit") {
   using resident = on_toy<default_plans::at<2>>;  // sharded: every state on the device
   using streamed = on_toy<default_plans::at<6>>;  // split<pinned_host>: one chunk resident, three streamed

@@ -105,26 +105,20 @@ class device_executor {
   std::vector<float*> parameters_, gradients_;
 };
 
-/// The address the device passes use for a runtime's device address: the same on a GPU.
-struct same_address {
-  template <class T>
-  T* operator()(T* device) const noexcept {
-    return device;
-  }
-};
-
 /// --backend cuda with the chunks in device memory (runtime<Plan, gpu_backend, ...>): each pass acquires its chunks,
 /// and the device passes read the runtime's fp32 parameters and add into its gradient accumulators where they are:
 /// no mirror, no copy. bf16 chunks are widened into the workspace's staging on the device, and the pass's fp32
-/// gradients added into the bf16 accumulators there (as fp32_compute does on the host, to the same bits). The pass's
-/// kernels finish before its release hands the chunks on (to a reduction, an update or an eviction). `Address` maps
-/// the runtime's device addresses to the passes' (tests: the isolated device's host aliases, for the passes on
-/// Thrust's OpenMP system).
-template <class Runtime, class Address = same_address>
+/// gradients added into the bf16 accumulators there (as fp32_compute does on the host, to the same bits).
+/// `Device` says how the passes reach the runtime's device: `address(p)`, the passes' address of the runtime's device
+/// address p, and `computed()`, an event of the runtime's backend that completes once the passes queued so far have
+/// run. A pass's release hands its chunks on (to a reduction, an update, an eviction) ordered after that event, so
+/// the trainer's thread queues the next pass while the GPU still runs this one. On a GPU: gpu_backend.hpp's
+/// default_stream_passes; tests: the isolated device's host aliases, for the passes on Thrust's OpenMP system.
+template <class Runtime, class Device>
 class device_chunk_executor {
  public:
-  device_chunk_executor(Runtime& rt, device_workspace& workspace, const model_config& config, Address address = {})
-      : rt_(&rt), workspace_(&workspace), address_(address) {
+  device_chunk_executor(Runtime& rt, device_workspace& workspace, const model_config& config, Device device = {})
+      : rt_(&rt), workspace_(&workspace), device_(device) {
     for (const auto& tensor : parameter_tensors(config)) elements_.push_back(tensor.elements);
     parameters_.assign(elements_.size(), nullptr);
     gradients_.assign(elements_.size(), nullptr);
@@ -150,8 +144,8 @@ class device_chunk_executor {
                                                        elements_[t]);
         gradients_[t] = backward ? workspace_->zeroed_gradient(offset, elements_[t]) : nullptr;
       } else {
-        parameters_[t] = address_(rt_->parameter(tensor).data());
-        gradients_[t] = backward ? address_(rt_->gradient(tensor).data()) : nullptr;
+        parameters_[t] = device_.address(rt_->parameter(tensor).data());
+        gradients_[t] = backward ? device_.address(rt_->gradient(tensor).data()) : nullptr;
       }
       offset += elements_[t];
     }
@@ -164,8 +158,7 @@ class device_chunk_executor {
         offset += elements_[t];
       }
     }
-    workspace_->synchronize();
-    time_host("runtime release", [&] { rt_->release(pass); });
+    time_host("runtime release", [&] { rt_->release(pass, device_.computed()); });
   }
   float* param(std::size_t t) { return parameters_[t]; }
   float* grad(std::size_t t) { return gradients_[t]; }
@@ -174,12 +167,12 @@ class device_chunk_executor {
  private:
   // A bf16 chunk span as the raw bits the workspace's conversions take, at the passes' address.
   std::uint16_t* bits(std::span<chunkwise::bf16> values) const {
-    return address_(reinterpret_cast<std::uint16_t*>(values.data()));
+    return device_.address(reinterpret_cast<std::uint16_t*>(values.data()));
   }
 
   Runtime* rt_;
   device_workspace* workspace_;
-  Address address_;
+  Device device_;
   std::size_t next_ = 0;
   std::vector<std::size_t> elements_;
   std::vector<float*> parameters_, gradients_;

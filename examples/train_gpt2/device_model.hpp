@@ -23,14 +23,17 @@ struct device_lent_memory {
   float* activations = nullptr;  // activations<float>::total_elements(config) floats
   float* staging = nullptr;      // device_workspace::staging_bytes(config): bf16 chunks' widened parameters and
                                  // staged gradients
+  void* scratch = nullptr;       // device_workspace::scratch_bytes(config): the token and target arrays, the row
+                                 // reductions' scratch and cuBLAS's workspace
 };
 
-/// Device memory of one model shape: activations as activations<float> holds them (recompute included), the token and
-/// target arrays, a mirror of the parameters (each tensor copied in when the trainer's copy has changed since;
-/// allocated at its first use: passes on the runtime's device chunks need none), and a staging area for the gradients
-/// of one pass: zeroed, computed into, and added out to the trainer's through pinned host memory (or into bf16
-/// accumulators on the device, beside a staging area of the pass's widened parameters); both allocated at their
-/// first use, as passes on fp32 device chunks compute in place, or lent. Throws
+/// Device memory of one model shape: activations as activations<float> holds them (recompute included), a scratch
+/// block (the token and target arrays, the row reductions' partial sums, cuBLAS's workspace), a mirror of the
+/// parameters (each tensor copied in when the trainer's copy has changed since; allocated at its first use: passes on
+/// the runtime's device chunks need none), and a staging area for the gradients of one pass: zeroed, computed into,
+/// and added out to the trainer's through pinned host memory (or into bf16 accumulators on the device, beside a
+/// staging area of the pass's widened parameters); both allocated at their first use, as passes on fp32 device chunks
+/// compute in place. The activations, the scratch and the staging areas may be lent instead. Throws
 /// chunkwise::error(unsupported) when the device system has no device to run on (CUDA without a visible GPU).
 class device_workspace {
  public:
@@ -45,6 +48,10 @@ class device_workspace {
   /// The two staging areas' bytes (each the largest pass's parameters in fp32: at 124M the head's, 155 MB), which
   /// the passes use on bf16 device chunks and on host chunks; passes on fp32 device chunks need none.
   [[nodiscard]] static std::size_t staging_bytes(const model_config& config);
+  /// The scratch block's bytes, which every run of the passes uses: the token and target arrays, two sums per row
+  /// and row segment (the softmax's over the vocabulary are the most), and on a GPU cuBLAS's workspace (32 MiB, the
+  /// size cuBLAS's documentation recommends for Hopper), which cuBLAS would otherwise allocate outside the budget.
+  [[nodiscard]] static std::size_t scratch_bytes(const model_config& config);
 
   /// "CUDA (<GPU name>)" or "OpenMP (host)": where these passes run.
   [[nodiscard]] const char* device_name() const noexcept;
@@ -65,9 +72,9 @@ class device_workspace {
   void add_gradient_to(float* host, std::size_t offset, std::size_t elements);
   /// Blocks until the device has run everything queued (timing; the passes synchronise where they return values).
   void synchronize();
-  /// Device memory these passes hold themselves, outside the runtime's device tier and the plan's charge: the token
-  /// arrays and row scratch; the activations when none were lent; the staging areas and the mirror where used.
-  /// cuBLAS's own workspace is not counted.
+  /// Device memory these passes hold themselves, outside the runtime's device tier and the plan's charge: each of
+  /// the activations, the scratch block and the staging areas that was not lent (the staging areas where used), and
+  /// the mirror where used. Zero on the runtime's device chunks, where train_gpt2 lends them all.
   [[nodiscard]] std::size_t own_device_bytes() const noexcept;
 
   struct state;

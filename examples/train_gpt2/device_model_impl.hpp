@@ -58,6 +58,12 @@ class matmul_context {
     CHUNKWISE_CUBLAS_TRY(cublasCreate(&handle_), "GPT-2 device passes");
     CHUNKWISE_CUBLAS_TRY(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "GPT-2 device passes");
   }
+  /// cuBLAS's workspace, given rather than allocated by cuBLAS on the handle's first products (outside any budget):
+  /// the size cuBLAS's documentation recommends for Hopper, ample for the GPUs before it (4 MiB).
+  static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;
+  void use_workspace(void* memory) {
+    CHUNKWISE_CUBLAS_TRY(cublasSetWorkspace(handle_, memory, workspace_bytes), "GPT-2 device passes: cuBLAS workspace");
+  }
   ~matmul_context() { (void)cublasDestroy(handle_); }
   matmul_context(const matmul_context&) = delete;
   matmul_context& operator=(const matmul_context&) = delete;
@@ -116,6 +122,8 @@ class matmul_context {
  public:
   explicit matmul_context(bool /*bf16_products: the loops stay fp32*/) {}
   [[nodiscard]] const char* name() const noexcept { return "OpenMP (host)"; }
+  static constexpr std::size_t workspace_bytes = 0;  // the loops need none
+  void use_workspace(void* /*memory*/) {}
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     kernels::matmul_forward(out, inp, weight, bias, 1, rows, C, OC);
   }
@@ -267,6 +275,47 @@ struct activation_block {
   float* memory;
 };
 
+/// Where the scratch block's pieces lie (byte offsets): the token and target arrays (B*T ints each), the row
+/// reductions' partial sums (two per row and segment of the widest row: layer norm's C or the softmax's V columns)
+/// and statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
+struct scratch_layout {
+  explicit scratch_layout(const model_config& config) {
+    const std::size_t rows = config.batch * config.context;
+    const std::size_t segments =
+        std::max(device_kernels::row_segments{config.channels, kernels::layernorm_segment}.per_row(),
+                 device_kernels::row_segments{config.vocab, kernels::softmax_segment}.per_row());
+    targets = rows * sizeof(int);
+    row_parts = targets + rows * sizeof(int);
+    row_parts_elements = 2 * rows * segments;
+    row_stats = row_parts + row_parts_elements * sizeof(float);
+    row_stats_elements = 2 * rows;
+    blas_workspace = (row_stats + row_stats_elements * sizeof(float) + 255) / 256 * 256;
+    bytes = blas_workspace + matmul_context::workspace_bytes;
+  }
+  std::size_t tokens = 0, targets, row_parts, row_stats, blas_workspace, bytes;
+  std::size_t row_parts_elements, row_stats_elements;
+};
+
+/// The scratch block, lent or owned, and its pieces.
+struct scratch_block {
+  scratch_block(const model_config& config, void* lent) : layout(config) {
+    memory.lent = static_cast<float*>(lent);
+    auto* base = reinterpret_cast<char*>(memory.get((layout.bytes + sizeof(float) - 1) / sizeof(float)));
+    tokens = reinterpret_cast<int*>(base + layout.tokens);
+    targets = reinterpret_cast<int*>(base + layout.targets);
+    row_parts = reinterpret_cast<float*>(base + layout.row_parts);
+    row_stats = reinterpret_cast<float*>(base + layout.row_stats);
+    blas_workspace = base + layout.blas_workspace;
+  }
+  scratch_layout layout;
+  lent_or_owned memory;
+  int* tokens;
+  int* targets;
+  float* row_parts;  // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row,
+  float* row_stats;  // segment), and two per row
+  void* blas_workspace;
+};
+
 }  // namespace device_detail
 
 // activations<float>'s buffers in one block of device memory (the same sizes and slots: recompute keeps one), and
@@ -275,10 +324,9 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
                                  activations<float> {
   state(const model_config& config, bool bf16_products, lent_memory lent)
       : activation_block(config, lent.activations),
-        activations(config, activation_block::memory, activation_block::fill_zero()), matmul(bf16_products),
-        staging(staging_elements(config)) {
-    tokens = thrust::device_vector<int>(B * T, 0);
-    targets = thrust::device_vector<int>(B * T, 0);
+        activations(config, activation_block::memory, activation_block::fill_zero()), scratch(config, lent.scratch),
+        matmul(bf16_products), staging(staging_elements(config)) {
+    matmul.use_workspace(scratch.blas_workspace);
     if (lent.staging != nullptr) {
       staged_parameters.lent = lent.staging;
       staged_gradients.lent = lent.staging + staging;
@@ -287,17 +335,17 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
       mirror_offsets.push_back(mirror_elements);
       mirror_elements += tensor.elements;
     }
-    const std::size_t segments = std::max(layernorm_segments().per_row(), softmax_segments().per_row());
-    row_parts = device_detail::buffer(2 * B * T * segments, 0.0f);
-    row_stats = device_detail::buffer(2 * B * T, 0.0f);
     mirror_versions.assign(mirror_offsets.size(), never);
   }
 
-  // tokens or targets (host, checked) into their device array
-  const int* upload(thrust::device_vector<int>& to, const int* host, const char* what) {
+  // tokens or targets (host, checked) into their device array, unless it holds them already: backward reads the
+  // batch forward uploaded, and a copy from pageable memory would wait for every kernel queued before it.
+  const int* upload(int* to, std::vector<int>& uploaded, const int* host, const char* what) {
+    if (uploaded.size() == B * T && std::equal(uploaded.begin(), uploaded.end(), host)) return to;
     kernels::check_tokens(host, B * T, V, what);
-    thrust::copy_n(host, B * T, to.begin());
-    return thrust::raw_pointer_cast(to.data());
+    thrust::copy_n(host, B * T, thrust::device_pointer_cast(to));
+    uploaded.assign(host, host + B * T);
+    return to;
   }
 
   /// Elements of one staging area: the largest pass's parameters (the head: ln_f and the tied wte; the embedding:
@@ -309,7 +357,7 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     return std::max({wte + 2 * config.channels, wte + config.context * config.channels, layer});
   }
 
-  thrust::device_vector<int> tokens, targets;
+  device_detail::scratch_block scratch;
   device_detail::matmul_context matmul;
   // Staging areas of the largest pass (`staging` elements each), lent or allocated at their first use: passes on
   // fp32 device chunks compute in place and need neither.
@@ -318,9 +366,6 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   device_detail::lent_or_owned staged_parameters;  // bf16 chunks' parameters widened
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
   std::size_t mirror_elements = 0;
-  // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row, segment), and
-  // two per row
-  device_detail::buffer row_parts, row_stats;
   device_kernels::row_segments layernorm_segments() const { return {C, kernels::layernorm_segment}; }
   device_kernels::row_segments softmax_segments() const { return {V, kernels::softmax_segment}; }
   std::vector<std::size_t> mirror_offsets;
@@ -328,12 +373,16 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)
   device_detail::staging_pipe pipe;  // parameters in, gradients out
   std::vector<float> host_losses;
+  std::vector<int> uploaded_tokens, uploaded_targets;  // what the device arrays hold
 };
 
 device_workspace::device_workspace(const model_config& config, bool bf16_products, lent_memory lent)
     : state_(std::make_unique<state>(config, bf16_products, lent)) {}
 std::size_t device_workspace::staging_bytes(const model_config& config) {
   return 2 * state::staging_elements(config) * sizeof(float);
+}
+std::size_t device_workspace::scratch_bytes(const model_config& config) {
+  return device_detail::scratch_layout(config).bytes;
 }
 device_workspace::~device_workspace() = default;
 
@@ -362,7 +411,7 @@ inline void layernorm_forward(device_workspace::state& s, float* out, float* mea
                               const float* weight, const float* bias, index rows) {
   using namespace device_kernels;
   const row_segments segments = s.layernorm_segments();
-  float* parts = raw(s.row_parts);
+  float* parts = s.scratch.row_parts;
   const index partials = rows * segments.per_row();
   for_each_index(partials, layernorm_partial_sums{parts, inp, nullptr, segments});
   for_each_index(rows, layernorm_mean{mean, parts, segments});
@@ -376,8 +425,8 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
                                const float* rstd, index rows) {
   using namespace device_kernels;
   const row_segments segments = s.layernorm_segments();
-  float* parts = raw(s.row_parts);
-  float* means = raw(s.row_stats);
+  float* parts = s.scratch.row_parts;
+  float* means = s.scratch.row_stats;
   for_each_index(rows * segments.per_row(),
                  layernorm_backward_partials{parts, dout, inp, weight, mean, rstd, segments, rows});
   for_each_index(rows, layernorm_backward_means{means, parts, segments, rows});
@@ -433,9 +482,9 @@ void device_workspace::synchronize() { state_->matmul.synchronize(); }
 
 std::size_t device_workspace::own_device_bytes() const noexcept {
   const auto& s = *state_;
-  const std::size_t floats = s.block.owned.size() + s.staged_gradients.owned.size() + s.staged_parameters.owned.size() +
-                             s.mirror.size() + s.row_parts.size() + s.row_stats.size();
-  return floats * sizeof(float) + (s.tokens.size() + s.targets.size()) * sizeof(int);
+  const std::size_t floats = s.block.owned.size() + s.scratch.memory.owned.size() + s.staged_gradients.owned.size() +
+                             s.staged_parameters.owned.size() + s.mirror.size();
+  return floats * sizeof(float);
 }
 
 void reset_kernel_times() { device_kernels::kernel_times::instance().reset(); }
@@ -450,7 +499,7 @@ void print_kernel_times() {
 
 void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts) {
   auto& s = acts.buffers();
-  const int* d_tokens = s.upload(s.tokens, tokens, "tokens");
+  const int* d_tokens = s.upload(s.scratch.tokens, s.uploaded_tokens, tokens, "tokens");
   device_detail::for_each_index(s.B * s.T * s.C, device_kernels::encoder_forward{device_detail::raw(s.encoded),
                                                                                  d_tokens, wte, wpe, s.T, s.C});
 }
@@ -498,17 +547,17 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   using device_detail::raw;
   auto& s = acts.buffers();
   const std::size_t BT = s.B * s.T, C = s.C;
-  const int* d_targets = s.upload(s.targets, targets, "targets");
+  const int* d_targets = s.upload(s.scratch.targets, s.uploaded_targets, targets, "targets");
   const float* residual = raw(s.residual3) + (s.L - 1) * BT * C;
   device_detail::layernorm_forward(s, raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd), residual, ln_f_weight, ln_f_bias,
                                    BT);
   s.matmul.forward(raw(s.logits), raw(s.lnf), wte, nullptr, BT, C, s.Vp);
   const device_kernels::row_segments segments = s.softmax_segments();
   const std::size_t parts = BT * segments.per_row();
-  float* maxima = raw(s.row_parts);
-  float* sums = raw(s.row_parts) + parts;
-  float* row_max = raw(s.row_stats);
-  float* row_sum = raw(s.row_stats) + BT;
+  float* maxima = s.scratch.row_parts;
+  float* sums = s.scratch.row_parts + parts;
+  float* row_max = s.scratch.row_stats;
+  float* row_sum = s.scratch.row_stats + BT;
   using namespace device_kernels;
   device_detail::for_each_index(parts, softmax_segment_max{maxima, raw(s.logits), segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
@@ -528,7 +577,7 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   using device_detail::raw, device_detail::zero;
   auto& s = acts.buffers();
   const std::size_t BT = s.B * s.T, C = s.C, BTC = BT * C;
-  const int* d_targets = s.upload(s.targets, targets, "targets");
+  const int* d_targets = s.upload(s.scratch.targets, s.uploaded_targets, targets, "targets");
   zero(s.dlogits);
   zero(s.dlnf);
   float* dresidual = raw(s.dresidual) + s.dresidual_offset(s.L);
@@ -593,7 +642,7 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
 
 void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts) {
   auto& s = acts.buffers();
-  const int* d_tokens = s.upload(s.tokens, tokens, "tokens");
+  const int* d_tokens = s.upload(s.scratch.tokens, s.uploaded_tokens, tokens, "tokens");
   const float* dresidual = device_detail::raw(s.dresidual) + s.dresidual_offset(0);
   device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, d_wpe, dresidual, d_tokens, s.B * s.T,
                                                                       s.T, s.C});

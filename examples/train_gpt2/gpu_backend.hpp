@@ -32,6 +32,25 @@ inline int use_local_gpu(int local_rank) {
   return device;
 }
 
+/// device_chunk_executor's view of the GPU: the runtime's device addresses are the kernels' own, and a pass's kernels
+/// are done when an event recorded after them on the default stream completes. Everything that touches the chunks
+/// after a release queues on that stream or waits for the event: Thrust's kernels (thrust::cuda::par_nosync), cuBLAS
+/// (no stream set), cuda_adam (gpu_adam's), NCCL (train_gpt2 makes it on the default stream), and the runtime's copy
+/// streams (runtime::release(pass, computed)).
+struct default_stream_passes {
+  template <class T>
+  T* address(T* device) const noexcept {
+    return device;
+  }
+  [[nodiscard]] chunkwise::cuda_event computed() const {
+    cudaEvent_t event = nullptr;
+    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), std::string("GPT-2 device passes"));
+    chunkwise::cuda_event owned(event);
+    CHUNKWISE_CUDA_TRY(cudaEventRecord(event, nullptr), std::string("GPT-2 device passes: a pass's end"));
+    return owned;
+  }
+};
+
 /// chunkwise::optim::cuda_adam on the current device, for chunks whose arrays are all in device memory.
 class gpu_adam {
  public:

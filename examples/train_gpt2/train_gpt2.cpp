@@ -280,12 +280,12 @@ byte_count activation_bytes(const gpt2::model_config& config) {
   return gpt2::trace_profile(config).peak_activation_bytes();
 }
 
-/// --backend cuda at one rank in fp32 or bf16: the chunks in the GPU's memory, the passes computing on them there.
-/// Several thread ranks on one GPU would need a communicator whose collectives read device memory; fp16 chunks,
-/// device passes with loss-scaled fp16.
+/// --backend cuda at one rank, or on NCCL's processes (which reduce device memory only), in fp32 or bf16: the chunks
+/// in the GPU's memory, the passes computing on them there. Several thread ranks on one GPU would need a
+/// communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
 bool runs_on_device_chunks(const options& o) {
 #if CHUNKWISE_GPT2_CUDA
-  return o.backend == "cuda" && o.gpu_chunks && o.ranks == 1 && o.type != dtype::fp16;
+  return o.backend == "cuda" && o.type != dtype::fp16 && (o.comm == "nccl" || (o.gpu_chunks && o.ranks == 1));
 #else
   (void)o;
   return false;
@@ -301,13 +301,21 @@ byte_count device_pass_staging_bytes(const options& o) {
   (void)o;
   return 0;
 }
+/// ... and on any device chunks, the scratch block: the token arrays, the row reductions' sums, cuBLAS's workspace.
+byte_count device_pass_scratch_bytes(const options& o) {
+#if CHUNKWISE_GPT2_CUDA
+  if (runs_on_device_chunks(o)) return gpt2::device_workspace::scratch_bytes(o.model);
+#endif
+  (void)o;
+  return 0;
+}
 
 /// The model profile the planner sees: the schedule traced for this run's shape, precision and recompute setting.
 model_profile traced_model(const options& o) {
   model_profile traced = gpt2::trace_profile(o.model, o.type);
   // Held through every pass, as the activations' peak is held.
-  const byte_count staging = device_pass_staging_bytes(o);
-  for (auto& pass : traced.passes) pass.activation_bytes += staging;
+  const byte_count held = device_pass_staging_bytes(o) + device_pass_scratch_bytes(o);
+  for (auto& pass : traced.passes) pass.activation_bytes += held;
   // The runtime gets a schedule; clipping and fp16's overflow check defer the updates.
   traced.updates_overlap_backward = o.clip == 0.0f && o.type != dtype::fp16;
   return traced;
@@ -374,9 +382,13 @@ void print_memory(const options& o, const model_profile& model, byte_count budge
     std::printf("device budget %s per rank (--device-budget; this machine's measured memory is %s per rank)\n",
                 format_bytes(budget).c_str(), format_bytes(measured).c_str());
   const std::string type(to_string(o.type));
-  const byte_count staging = device_pass_staging_bytes(o);
-  const std::string staging_note =
-      staging == 0 ? "" : ", the device passes' bf16 staging areas (" + format_bytes(staging) + ") included";
+  const byte_count staging = device_pass_staging_bytes(o), scratch = device_pass_scratch_bytes(o);
+  std::string staging_note;
+  if (scratch > 0)
+    staging_note = ", the device passes' scratch (" + format_bytes(scratch) + ": token arrays, row sums, cuBLAS's "
+                   "workspace)" + (staging > 0 ? " and" : "");
+  if (staging > 0) staging_note += " bf16 staging areas (" + format_bytes(staging) + ")";
+  if (!staging_note.empty()) staging_note += " included";
   std::printf("training state %s, as the planner counts it: parameters %s + gradients %s (%s)%s + Adam's m and v %s "
               "(fp32);\n  activations %s at their peak%s\n", format_bytes(state).c_str(),
               format_bytes(parameters).c_str(), format_bytes(parameters).c_str(), type.c_str(),
@@ -641,11 +653,10 @@ class progress_log {
     // One rank alone on the drive: its rate under this traffic, for the next run. (Several ranks share it, each
     // with its own store: one rank's bytes over its busy time are not the drive's rate.)
     if (o_.ranks == 1) {
-      // The plan's block: one fp32 array of a chunk (its parameters, or each of its states).
-      const byte_count block = chosen.knobs.chunk_bytes * 4 / size_of(o_.type);
       const std::string line = drive.observe(last_home_.bytes_read - first_home_.bytes_read,
                                              last_home_.bytes_written - first_home_.bytes_written,
-                                             last_home_.busy_seconds - first_home_.busy_seconds, block);
+                                             last_home_.busy_seconds - first_home_.busy_seconds,
+                                             chosen.knobs.nvme_block);
       if (!line.empty()) std::printf("%s\n", line.c_str());
     }
   }
@@ -685,6 +696,9 @@ class step_passes {
     if constexpr (device_chunks) {
       activation_memory_ = take_device_memory(rt, gpt2::activations<float>::total_bytes(o.model), "activations");
       lent.activations = activation_memory_.data();
+      scratch_memory_ = take_device_memory(rt, device_pass_scratch_bytes(o), "token arrays, row sums and cuBLAS's "
+                                                                            "workspace");
+      lent.scratch = scratch_memory_.data();
       if (const byte_count staging = device_pass_staging_bytes(o); staging > 0) {
         staging_memory_ = take_device_memory(rt, staging, "bf16 staging areas");
         lent.staging = staging_memory_.data();
@@ -709,10 +723,15 @@ class step_passes {
   /// --backend cuda: the device memory the passes hold beside the plan's (see device_workspace::own_device_bytes).
   void print_own_device_memory() const {
 #if CHUNKWISE_GPT2_CUDA
-    if (workspace_)
-      std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget: token "
-                  "arrays and row scratch%s\n", format_bytes(workspace_->own_device_bytes()).c_str(),
-                  device_chunks ? "" : ", and for host chunks the activations, a parameter mirror and a staging area");
+    if (!workspace_) return;
+    if (device_chunks)  // every buffer lent: the activations, the scratch, bf16's staging areas
+      std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget (all their "
+                  "buffers are in the device tier the plan charged; the CUDA context is not counted)\n",
+                  format_bytes(workspace_->own_device_bytes()).c_str());
+    else
+      std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget: for host "
+                  "chunks the activations, the scratch (token arrays, row sums, cuBLAS's workspace), a parameter "
+                  "mirror and a staging area\n", format_bytes(workspace_->own_device_bytes()).c_str());
 #endif
   }
 
@@ -750,14 +769,14 @@ class step_passes {
   }
 
   std::optional<fp32_compute<Runtime>> compute_;
-  typename Runtime::workspace activation_memory_, staging_memory_;
+  typename Runtime::workspace activation_memory_, scratch_memory_, staging_memory_;
   std::unique_ptr<gpt2::activations<float>> acts_;  // in activation_memory_
   std::optional<gpt2::chunk_executor<Runtime>> on_cpu_;
 #if CHUNKWISE_GPT2_CUDA
   std::unique_ptr<gpt2::device_workspace> workspace_;
   std::optional<gpt2::chunk_tensors<Runtime>> mirrored_;
   std::optional<gpt2::device_executor<gpt2::chunk_tensors<Runtime>>> on_device_;
-  std::optional<gpt2::device_chunk_executor<Runtime>> on_device_chunks_;
+  std::optional<gpt2::device_chunk_executor<Runtime, gpt2::default_stream_passes>> on_device_chunks_;
 #endif
 };
 

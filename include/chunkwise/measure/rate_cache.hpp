@@ -94,6 +94,10 @@ class exclusive_file_lock {
 
 namespace chunkwise::detail::inline CHUNKWISE_ABI {
 
+/// Where a rate put() keeps comes from: measured now by measure_or_load_rate, or observed by a run (keep_rate). The
+/// messages say which.
+enum class rate_origin { measured, observed };
+
 /// The rate file of `cache_directory`, locked and read for this object's life. A cache that cannot be locked (a
 /// read-only directory, shared) is still read; put() then keeps the value for this run only and says why.
 class rate_file {
@@ -121,11 +125,14 @@ class rate_file {
     return found != rates_.end() ? &*found : nullptr;
   }
 
-  /// `value` under `key` (replacing it), newest first, the file cut to `keep` rates and replaced atomically.
-  cached_rate put(const std::string& key, double value, std::size_t keep) {
+  /// `value` (> 0, finite) under `key` (replacing it), newest first, the file cut to `keep` rates and replaced
+  /// atomically.
+  cached_rate put(const std::string& key, double value, std::size_t keep, rate_origin origin) {
+    const bool measured = origin == rate_origin::measured;
     if (!(value > 0) || !std::isfinite(value))
-      throw_error(error_code::invalid_argument, "the rate of '" + key + "' is " + std::to_string(value) +
-                                                    ", not a rate > 0; nothing was cached");
+      throw_error(error_code::invalid_argument,
+                  std::string(measured ? "measure_or_load_rate: the measurement" : "keep_rate: the observation") +
+                      " of '" + key + "' gave " + std::to_string(value) + ", not a rate > 0; nothing was cached");
     cached_rate result{.value = value, .measured_now = true, .measured_at = now(), .file = file_};
     std::erase_if(rates_, [&](const auto& r) { return r.key == key; });
     rates_.insert(rates_.begin(), {key, value, result.measured_at});  // first among rates of the same second
@@ -140,8 +147,9 @@ class rate_file {
       }
     }
     if (!unwritable_.empty())
-      progress_("the rate measured now is used but not cached: cannot write the rate cache in " +
-                directory_.string() + " (" + unwritable_ + ")");
+      progress_(std::string(measured ? "the rate measured now is used but not cached"
+                                     : "the rate observed now is not cached") +
+                ": cannot write the rate cache in " + directory_.string() + " (" + unwritable_ + ")");
     return result;
   }
 
@@ -175,11 +183,7 @@ cached_rate measure_or_load_rate(const std::filesystem::path& cache_directory, c
   detail::rate_file rates(cache_directory, options.progress);
   if (const auto* found = rates.find(key); found != nullptr && !options.measure_again)
     return detail::as_cached(*found, rates.file());
-  const double value = std::forward<Measure>(measure)();
-  if (!(value > 0) || !std::isfinite(value))
-    throw_error(error_code::invalid_argument, "measure_or_load_rate: the measurement of '" + key + "' gave " +
-                                                  std::to_string(value) + ", not a rate > 0; nothing was cached");
-  return rates.put(key, value, options.keep);
+  return rates.put(key, std::forward<Measure>(measure)(), options.keep, detail::rate_origin::measured);
 }
 
 /// The rate cached under `key` for this machine, if there is one (a run's observation of the machine that a later
@@ -196,7 +200,7 @@ inline cached_rate keep_rate(const std::filesystem::path& cache_directory, const
                              const rate_cache_options& options = {}) {
   if (key.empty()) throw_error(error_code::invalid_argument, "keep_rate: the key is empty");
   detail::rate_file rates(cache_directory, options.progress);
-  return rates.put(key, value, options.keep);
+  return rates.put(key, value, options.keep, detail::rate_origin::observed);
 }
 
 }  // namespace chunkwise

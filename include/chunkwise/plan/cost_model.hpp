@@ -178,6 +178,16 @@ constexpr memory_use predict_memory(const machine_profile& machine,
   return m;
 }
 
+namespace detail {
+/// The block the drive moves per request: each chunk's arrays (its parameters, each of its fp32 states) move whole,
+/// one call each.
+constexpr byte_count nvme_block_bytes(const chunk_shares& s) {
+  return static_cast<byte_count>(s.state_bytes_per_element > 0
+                                     ? static_cast<double>(s.state) * 4.0 / s.state_bytes_per_element
+                                     : static_cast<double>(s.parameter));
+}
+}  // namespace detail
+
 /// Step time of `Plan` with the memory above; `fetches` is the cache's count of chunk fetches per step.
 template <class Plan>
 constexpr time_breakdown predict_time(const machine_profile& machine,
@@ -230,11 +240,8 @@ constexpr time_breakdown predict_time(const machine_profile& machine,
                                            calls(traffic.all_reduce, 2 * ring_gather)) +
                  latency(spans_machines) * calls(traffic.cross_group_all_reduce, cross_all_reduce);
 
-  // The drive's rates for this plan's blocks: each chunk's arrays (its parameters, each of its fp32 states) move
-  // whole, one call each, and a small block keeps fewer requests in flight.
-  const auto nvme_block = static_cast<byte_count>(
-      s.state_bytes_per_element > 0 ? static_cast<double>(s.state) * 4.0 / s.state_bytes_per_element
-                                    : static_cast<double>(s.parameter));
+  // The drive's rates for this plan's blocks: a small block keeps fewer requests in flight.
+  const byte_count nvme_block = detail::nvme_block_bytes(s);
   const double nvme_read = nvme_read_rate(machine, nvme_block);
   const double nvme_write = nvme_write_rate(machine, nvme_block);
 

@@ -19,6 +19,7 @@ struct plan_knobs {
   std::uint64_t resident_chunks = 0;
   std::uint64_t offloaded_resident_chunks = 0;
   std::uint32_t layout_candidate = 0;  // which of layout_candidates<Layout> (runtime_options::layout_candidate)
+  byte_count nvme_block = 0;  // what the drive moves per request: one array of a chunk (parameters or an fp32 state)
 };
 
 enum class plan_limit : std::uint8_t {

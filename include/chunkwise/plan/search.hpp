@@ -164,7 +164,8 @@ constexpr prediction search_plan(const model_profile& model, const machine_profi
           placement::resident_chunks(static_cast<std::size_t>(n), static_cast<std::size_t>(blocks));
       const double effective_fraction =
           resident_chunks == 0 ? fraction : static_cast<double>(offloaded) / static_cast<double>(resident_chunks);
-      p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded, candidate_index};
+      p.knobs = {summary.chunk_bytes, n, blocks, effective_fraction, resident_chunks, offloaded, candidate_index,
+                 detail::nvme_block_bytes(shares)};
       p = detail::check_limits(machine, memory_at(blocks), p);
       if (p.feasible) {  // blocks >= fewest_blocks: every pass's streamed chunks fit the blocks left for streaming
         const std::uint64_t resident = p.knobs.resident_chunks;

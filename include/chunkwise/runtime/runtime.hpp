@@ -13,10 +13,8 @@
 //   checkpoint.hpp     sharded, atomic checkpoints with resharding.
 // Memory comes from tiers with byte budgets (backend_parts<Backend>): a budget that cannot hold a plan fails at
 // construction with the tier's numbers.
-//
-// Precision is the model's: fp32 tensors train in fp32; bf16 or fp16 tensors keep bf16/fp16 working parameters and
-// gradients in the chunks (what moves, is gathered and reduced) and fp32 master weights and moments where the
-// optimizer states live (home_view.hpp). fp16 runs add runtime_options::loss_scaling.
+// Precision is the model's: 16-bit tensors keep 16-bit working parameters and gradients in the chunks and fp32
+// masters and moments where the states live (home_view.hpp); fp16 adds runtime_options::loss_scaling.
 #include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
@@ -122,6 +120,15 @@ class runtime {
       reduce_if_handed_over(b);
     }
     progress();
+  }
+
+  /// release(pass) for a trainer whose kernels on the pass's chunks may still be queued (a GPU's): `computed`
+  /// completes after them. The runtime's copy streams wait for it, the trainer's thread does not; its collectives and
+  /// device optimizer must queue behind it (train_gpt2: all on the default stream, where it records `computed`).
+  void release(std::size_t pass, const typename Backend::event_type& computed) {
+    backend_.wait_on(backend_.h2d(), computed);
+    backend_.wait_on(backend_.d2h(), computed);
+    release(pass);
   }
 
   /// Explicit hand-over (runtime_options::handover = explicit_calls): tensor t's gradient is complete for this
@@ -231,22 +238,15 @@ class runtime {
   [[nodiscard]] chunk_statistics statistics() const { return detail::total_statistics<Comm>(chunks_); }
 
  private:
-  // ---- the step ----
-
   bool used_next(std::uint32_t c, std::size_t pass) const { return detail::pass_uses(pass_chunks_, pass + 1, c); }
-  void start_reduction(record& b) {
-    gradients_.start(b, reduced_sink());
-    fetches_.drop(b);
-  }
+  void start_reduction(record& b) { gradients_.start(b, reduced_sink()); fetches_.drop(b); }
   void reduce_if_handed_over(record& b) {
     if (!gradients_.handed_over(b)) return;
     b.life.handed_over();
     start_reduction(b);
   }
   // Each reduced chunk goes to the optimizer stage at once (its update may start beside backward).
-  auto reduced_sink() {
-    return [this](record& b) { optimizer_.reduced(b, steps_ + 1); };
-  }
+  auto reduced_sink() { return [this](record& b) { optimizer_.reduced(b, steps_ + 1); }; }
   void progress() { gradients_.progress(reduced_sink()); }
 
   void finish_step(std::optional<float> lr) {
