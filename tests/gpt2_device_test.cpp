@@ -17,12 +17,40 @@
 #include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <thread>
 
 namespace {
 
 using namespace chunkwise;
+
+// split<>'s device blocks, as train_gpt2's plan search sets them: its 3 resident chunks and the 4 streamed ones the
+// head's pass holds at once (the runtime's default, half the chunks and 2 blocks, is too few for this small model).
+template <class Plan>
+std::optional<std::size_t> device_blocks() {
+  if constexpr (requires { Plan::placement::stream_blocks; }) return 7;
+  return std::nullopt;
+}
+
+// The NVMe plans' store: a directory of this process's, made at the first use and removed at exit.
+const std::filesystem::path& nvme_directory() {
+  struct scratch_directory {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("chunkwise-gpt2-device-" + std::to_string(::getpid()));
+    scratch_directory() { std::filesystem::create_directories(path); }
+    ~scratch_directory() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const scratch_directory directory;
+  return directory.path;
+}
 
 /// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the
 /// device passes (device_executor).
@@ -35,6 +63,8 @@ std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, 
   auto comm = world.comm(0);
   runtime_options options;
   options.device_budget = device_budget;
+  options.nvme_directory = nvme_directory();
+  options.device_blocks = device_blocks<Plan>();
   runtime<Plan, host_backend, thread_comm> rt(model, comm, gpt2::initializer(config, 9), options);
   fp32_compute compute(rt);
   gpt2::activations<float> acts(config);
@@ -97,6 +127,8 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
         Comm comm(world.comm(r));
         runtime_options options;
         options.device_budget = device_budget;
+        options.nvme_directory = nvme_directory();
+        options.device_blocks = device_blocks<Plan>();
         using runtime_type = runtime<Plan, Backend, Comm>;
         runtime_type rt(model, comm, gpt2::initializer(config, 9), options);
         std::vector<int> tokens, targets;
@@ -176,6 +208,13 @@ std::vector<std::vector<float>> train_on_host_ranks(int ranks, dtype type) {
 
 using resident_plan = plan<gpt2::plans::chunks, resident, sharded, optimizer_follows_home>;
 using streamed_plan = plan<gpt2::plans::chunks, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+using split_plan = plan<gpt2::plans::chunks, split<space::pinned_host>, sharded, optimizer_follows_home>;
+using nvme_plan = plan<gpt2::plans::chunks, cached<space::nvme>, sharded, optimizer_follows_home>;
+// A device budget of a few chunks for the streamed plans, so the cache fetches and evicts inside the step (split's
+// 7 blocks beside its resident chunks' gradients and states: 16 MiB).
+template <class Plan>
+constexpr byte_count chunk_budget =
+    std::is_same_v<Plan, split_plan> ? 16 * MiB : Plan::placement::uses_device_cache ? 6 * MiB : 1 * GiB;
 
 // The largest relative difference of any tensor's parameters (the same tensors on both sides).
 double worst_difference(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& expected) {
@@ -190,8 +229,7 @@ double worst_difference(const std::vector<std::vector<float>>& got, const std::v
 
 TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU executor's parameters", Plan, resident_plan,
                    streamed_plan) {
-  // streamed: a device budget of a few chunks, so the cache fetches and evicts inside the step
-  const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
+  const byte_count budget = chunk_budget<Plan>;
   byte_count streamed = 0;
   const auto cpu = train<Plan>(false, budget), device = train<Plan>(true, budget, &streamed);
   CHECK((streamed > 0) == std::is_same_v<Plan, streamed_plan>);  // the cache moved chunks while the GPU passes ran
@@ -199,10 +237,10 @@ TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU execut
 }
 
 TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without copies, to the CPU's parameters", Plan,
-                   resident_plan, streamed_plan) {
+                   resident_plan, streamed_plan, split_plan, nvme_plan) {
   // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
-  // on the CPU side).
-  const byte_count budget = std::is_same_v<Plan, streamed_plan> ? 6 * MiB : 1 * GiB;
+  // on the CPU side). Every home: the device, pinned host memory (all streamed, or split), the NVMe store.
+  const byte_count budget = chunk_budget<Plan>;
   const auto config = gpt2_device_cases::small_config();
   const byte_count activations = gpt2::activations<float>::total_bytes(config);
   const byte_count scratch = gpt2::device_workspace::scratch_bytes(config);
@@ -210,7 +248,8 @@ TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without 
     CAPTURE(type);
     const byte_count staging = type == dtype::bf16 ? gpt2::device_workspace::staging_bytes(config) : 0;
     const auto cpu = train<Plan>(false, budget, nullptr, type);
-    CHECK(worst_difference(train_on_device_chunks<Plan>(1, budget + activations + scratch + staging, type), cpu) == 0.0);
+    const byte_count device_budget = budget + activations + scratch + staging;
+    CHECK(worst_difference(train_on_device_chunks<Plan>(1, device_budget, type), cpu) == 0.0);
   }
 }
 
