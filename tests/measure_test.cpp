@@ -14,6 +14,18 @@
 
 using namespace chunkwise;
 
+// A backend other than the host's (as cuda_backend is), whose measurement the test supplies: a described machine with
+// 40 GiB of device memory, counted each time it runs.
+struct other_backend {
+  static constexpr const char* name = "other";
+};
+int other_measurements = 0;
+template <>
+machine_profile chunkwise::measure<other_backend>(const measure_options& /*options*/) {
+  ++other_measurements;
+  return describe_machine({.gpus = 1, .gpu_memory = 40 * GiB});
+}
+
 TEST_CASE("measuring the host gives a valid profile that the cache returns unchanged") {
   const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_measure_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -70,6 +82,26 @@ TEST_CASE("measuring the host gives a valid profile that the cache returns uncha
   CHECK(cached.nvme_read_by_block.at(4 * MiB) == measured.nvme_read_by_block.at(4 * MiB));
   CHECK(cached.nvme_write_by_block.count == 4);
   CHECK(cached.fingerprint == measured.fingerprint);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("each backend's profile has its own cache file: a GPU run never plans with the host's profile") {
+  const auto dir = std::filesystem::temp_directory_path() / ("chunkwise_measure_other_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // The host's profile is cached (as a CPU run on this machine leaves it): 2 GiB of emulated device memory.
+  save_machine_profile(describe_machine({.gpus = 1, .gpu_memory = 2 * GiB}), detail::cache_file(dir, "machine"));
+  measure_options options;
+  options.progress = [](const std::string&) {};
+  other_measurements = 0;
+  const auto measured = measure_or_load<other_backend>(dir, options);
+  CHECK(other_measurements == 1);  // measured, not the host's file
+  CHECK(measured.device_memory == 40 * GiB);
+  CHECK(std::filesystem::exists(dir / ("machine-other-" + detail::machine_fingerprint() + ".json")));
+  const auto cached = measure_or_load<other_backend>(dir, options);
+  CHECK(other_measurements == 1);  // its own file, read
+  CHECK(cached.device_memory == 40 * GiB);
+  CHECK(measure_or_load<host_backend>(dir, options).device_memory == 2 * GiB);  // the host's, untouched
   std::filesystem::remove_all(dir);
 }
 

@@ -4,11 +4,14 @@
 // fused CUDA Adam (chunkwise's cuda_adam, whose kernels need nvcc) sits behind gpu_adam, compiled in gpu_adam.cu.
 #if CHUNKWISE_GPT2_CUDA
 #include <chunkwise/backend/cuda/backend.cuh>
+#include <chunkwise/measure/measure.hpp>
 #include <chunkwise/optim/concepts.hpp>
+#include <chunkwise/profile/machine_profile.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/tier/cuda/device.cuh>
 #include <chunkwise/tier/cuda/pinned_host.cuh>
 
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,6 +53,12 @@ struct default_stream_passes {
     return owned;
   }
 };
+
+/// The GPU machine's profile, measured once (its free memory, pinned copies, cuBLAS, the fused Adam, NCCL across its
+/// GPUs, the host's drive and CPU Adam) and cached in `cache` beside the host's: what a run whose chunks live on the
+/// GPU plans with (gpu_measure.cu).
+chunkwise::machine_profile measure_gpu_machine(const std::filesystem::path& cache,
+                                               const chunkwise::measure_options& options);
 
 /// chunkwise::optim::cuda_adam on the current device, for chunks whose arrays are all in device memory.
 class gpu_adam {

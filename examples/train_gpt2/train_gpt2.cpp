@@ -966,13 +966,29 @@ struct run_decision {
 };
 static_assert(std::is_trivially_copyable_v<run_decision>, "broadcast as bytes to the processes");
 
+/// The machine as measured (or its cached profile): the GPU's where the chunks live in its memory (90% of its free
+/// memory per rank, pinned copies, cuBLAS, the fused Adam), else the host's (its device memory: a quarter of the
+/// available memory per rank, emulated).
+machine_profile measured_machine(const options& o, const std::filesystem::path& cache) {
+  const measure_options settings{.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)};
+#if CHUNKWISE_GPT2_CUDA
+  if (runs_on_device_chunks(o)) return gpt2::measure_gpu_machine(cache, settings);
+#endif
+  return measure_or_load<host_backend>(cache, settings);
+}
+
 /// Profiles the model, measures the machine (or loads its profile), prints the memory lines and the explain table,
 /// and chooses the plan: the fastest that fits, or --plan's. Throws with the table printed when none fits.
 run_decision plan_the_run(options& o, const gpt2::machine_links& links, planning_notes& notes) {
   model_profile model = traced_model(o);
-  std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
-              "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the chunks "
-              "live and move (the plan) and says why.\n\n");
+  if (runs_on_device_chunks(o))
+    std::printf("train_gpt2: trains a GPT-2 on the GPU with its parameters, gradients and Adam states in chunkwise "
+                "chunks, in the GPU's\nmemory under a byte budget; chunkwise chooses where the chunks live and move "
+                "(the plan) and says why.\n\n");
+  else
+    std::printf("train_gpt2: trains a GPT-2 on the CPU with its parameters, gradients and Adam states in chunkwise "
+                "chunks, on a device\nemulated in host memory under a byte budget; chunkwise chooses where the "
+                "chunks live and move (the plan) and says why.\n\n");
   std::printf("model: GPT-2 with %zu layers, %zu channels, %zu heads, vocabulary %zu (%zu rows), context %zu, batch "
               "%zu per rank: %llu parameters, %zu tensors, %zu passes (traced), %.3f GFLOP per step per rank\n",
               o.model.layers, o.model.channels, o.model.heads, o.model.vocab, o.model.vocab_rows(), o.model.context,
@@ -988,10 +1004,8 @@ run_decision plan_the_run(options& o, const gpt2::machine_links& links, planning
     const char* home = std::getenv("HOME");
     cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "chunkwise";
   }
-  // The machine as measured (its device memory: a quarter of the available memory per rank on the host backend),
-  // then this run's device budget in its place.
-  machine_profile machine =
-      measure_or_load<host_backend>(cache, {.device_memory = 0, .ranks = static_cast<std::uint32_t>(o.ranks)});
+  // The machine as measured, then this run's device budget in its place.
+  machine_profile machine = measured_machine(o, cache);
   // The drive at the speed a run on it observed, where one did.
   notes.drive = gpt2::drive_speed(cache, o.nvme_dir.empty() ? std::filesystem::temp_directory_path()
                                                             : std::filesystem::path(o.nvme_dir),

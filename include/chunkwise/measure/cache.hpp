@@ -1,6 +1,7 @@
 #pragma once
-// measure_or_load<Backend>(): a machine profile measured once per machine and kept as JSON in a cache directory, keyed
-// by the machine's fingerprint. Needs nlohmann_json: link chunkwise::json (CMake), which also makes
+// measure_or_load<Backend>(): a machine profile measured once per machine and backend and kept as JSON in a cache
+// directory, keyed by the machine's fingerprint (a GPU machine keeps two: the host backend's, which CPU runs plan
+// with, and the CUDA backend's, which runs whose chunks live on the GPU plan with). Needs nlohmann_json: link chunkwise::json (CMake), which also makes
 // <chunkwise/measure.hpp> include this header.
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/measure/measure.hpp>
@@ -9,14 +10,28 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
+
+namespace chunkwise::detail::inline CHUNKWISE_ABI {
+
+/// The cache file's name of Backend's profile: "machine" for the host backend's (as ever), "machine-<backend>" for
+/// another's.
+template <class Backend>
+std::string machine_cache_name() {
+  const std::string_view name = Backend::name;
+  return name == "host" ? std::string("machine") : "machine-" + std::string(name);
+}
+
+}  // namespace chunkwise::detail
 
 namespace chunkwise::inline CHUNKWISE_ABI {
 
-/// The cached profile for this machine (`cache_directory`/machine-<fingerprint>.json) if there is one, else a fresh
-/// measurement, saved there atomically.
+/// The cached profile of this machine and Backend (`cache_directory`/machine-<fingerprint>.json for the host
+/// backend, machine-<backend>-<fingerprint>.json for another) if there is one, else a fresh measurement, saved there
+/// atomically.
 template <class Backend>
 machine_profile measure_or_load(const std::filesystem::path& cache_directory, const measure_options& options = {}) {
-  const auto file = detail::cache_file(cache_directory, "machine");
+  const auto file = detail::cache_file(cache_directory, detail::machine_cache_name<Backend>());
   if (std::filesystem::exists(file)) {
     auto cached = load_machine_profile(file);
     // The cache holds the machine; how it is used (ranks, the device budget) is this run's.

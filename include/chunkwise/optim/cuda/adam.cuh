@@ -37,7 +37,9 @@
 
 namespace chunkwise::optim {
 
-// Kernels and device-side types; `cuda_kernels`, not `cuda`, so a using-directive never makes ::cuda ambiguous.
+// Kernels and device-side types; `cuda_kernels`, not `cuda`, so a using-directive never makes ::cuda ambiguous. The
+// kernels are static: each translation unit that includes this header launches its own copy, so a program of several
+// .cu files that include it links (tests/cuda: chunkwise_cuda_header_check links every .cuh's unit into one program).
 namespace detail::cuda_kernels {
 
 
@@ -167,7 +169,7 @@ __device__ void adam_chunk_working(const adam_coefficients& c, const device_chun
 }
 
 /// Every block walks every chunk (grid-stride), so one launch balances chunks of any sizes.
-__global__ void __launch_bounds__(block_threads)
+static __global__ void __launch_bounds__(block_threads)
     adam_kernel(const device_chunk* table, int chunks, const device_state* state) {
   if (state->skipped) return;
   const adam_coefficients c = state->coefficients;
@@ -202,7 +204,7 @@ __device__ double chunk_squares(const device_chunk& chunk) {
 }
 
 /// Per-block partial sums of grad^2 (fixed grid: the result is deterministic), reduced with cub::BlockReduce.
-__global__ void __launch_bounds__(block_threads)
+static __global__ void __launch_bounds__(block_threads)
     squares_kernel(const device_chunk* table, int chunks, double* partials) {
   double sum = 0.0;
   for (int k = 0; k < chunks; ++k) {
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(block_threads)
 }
 
 /// One block folds the partials (in a fixed order) into state->sum_of_squares.
-__global__ void __launch_bounds__(block_threads) fold_kernel(const double* partials, int count, double* out) {
+static __global__ void __launch_bounds__(block_threads) fold_kernel(const double* partials, int count, double* out) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += block_threads) sum += partials[i];
   using reduce = cub::BlockReduce<double, block_threads>;
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(block_threads) fold_kernel(const double* parti
 /// Decides this step on the device: skip on non-finite gradients (backing off the loss scale), else the clip
 /// coefficient, the learning rate from the schedule table, the bias corrections (make_coefficients' formula) and
 /// the loss-scale growth.
-__global__ void decide_kernel(device_state* state, device_settings settings, const float* lr_schedule,
+static __global__ void decide_kernel(device_state* state, device_settings settings, const float* lr_schedule,
                               unsigned long long schedule_length) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   const float loss_scale = settings.scaling ? state->loss_scale : 1.0f;
