@@ -1,8 +1,8 @@
 #pragma once
 // measure_or_load<Backend>(): a machine profile measured once per machine and backend and kept as JSON in a cache
 // directory, keyed by the machine's fingerprint (a GPU machine keeps two: the host backend's, which CPU runs plan
-// with, and the CUDA backend's, which runs whose chunks live on the GPU plan with). Needs nlohmann_json: link chunkwise::json (CMake), which also makes
-// <chunkwise/measure.hpp> include this header.
+// with, and the CUDA backend's, which runs whose chunks live on the GPU plan with). Needs nlohmann_json: link
+// chunkwise::json (CMake), which also makes <chunkwise/measure.hpp> include this header.
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/measure/measure.hpp>
 #include <chunkwise/profile/machine_json.hpp>
