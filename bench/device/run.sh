@@ -104,8 +104,8 @@ run_trainer() {  # name, flags...
   OMP_NUM_THREADS="$(nproc)" timeout 200 "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
     { echo "train_gpt2 $name failed (rc $?)"; tail -30 "$logs/train_$name.log"; }
   # the plan and its inputs (the GPU's profile as measured, the budget, what the passes hold beside it), the steps
-  grep -E '^(measure: |device budget|training state|plan|chosen|backend|compute|step +[0-9]+/|timing|done|device passes)' \
-    "$logs/train_$name.log" | head -50
+  local shown='^(measure: |device budget|training state|plan|chosen|backend|compute|step +[0-9]+/|timing|done'
+  grep -E "$shown|device passes)" "$logs/train_$name.log" | head -50
 }
 run_trainer cuda --backend cuda --steps 12 --device-budget 0
 # where the device time goes (each operation timed to its end, so these steps run slower than the ones above)
