@@ -11,18 +11,16 @@
 #include "gpt2_device_cases.hpp"
 
 #include "chunked_trainer.hpp"
+#include "tier_test_support.hpp"
 
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/runtime/isolated_comm.hpp>
 #include <chunkwise/runtime/isolated_device.hpp>
 #include <chunkwise/runtime/runtime.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <optional>
-#include <string>
 #include <thread>
 
 namespace {
@@ -39,17 +37,8 @@ std::optional<std::size_t> device_blocks() {
 
 // The NVMe plans' store: a directory of this process's, made at the first use and removed at exit.
 const std::filesystem::path& nvme_directory() {
-  struct scratch_directory {
-    std::filesystem::path path =
-        std::filesystem::temp_directory_path() / ("chunkwise-gpt2-device-" + std::to_string(::getpid()));
-    scratch_directory() { std::filesystem::create_directories(path); }
-    ~scratch_directory() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  };
-  static const scratch_directory directory;
-  return directory.path;
+  static const test::temp_dir directory;
+  return directory.path();
 }
 
 /// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the

@@ -54,7 +54,7 @@ class drive_speed {
     }
   }
 
-  /// The machine to plan with: the profile with its drive at speed().
+  /// The machine to plan with: the profile with its drive at the kept speed (the profile's own without one).
   [[nodiscard]] chunkwise::machine_profile machine() const { return chunkwise::with_nvme_speed(profiled_, speed_); }
   /// The planning line, where a run's observation sets the drive's rates ("" where the profile's do).
   [[nodiscard]] std::string planning_line() const {

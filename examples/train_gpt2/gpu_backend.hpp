@@ -46,11 +46,7 @@ struct default_stream_passes {
     return device;
   }
   [[nodiscard]] chunkwise::cuda_event computed() const {
-    cudaEvent_t event = nullptr;
-    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), std::string("GPT-2 device passes"));
-    chunkwise::cuda_event owned(event);
-    CHUNKWISE_CUDA_TRY(cudaEventRecord(event, nullptr), std::string("GPT-2 device passes: a pass's end"));
-    return owned;
+    return chunkwise::record_cuda_event(nullptr, "GPT-2 device passes: a pass's end");
   }
 };
 

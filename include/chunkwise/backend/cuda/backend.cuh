@@ -29,6 +29,16 @@ class cuda_event {
   std::shared_ptr<cudaEvent_t> event_;
 };
 
+/// An event recorded on `stream` now: it completes once the work queued there before it has run. `context` names the
+/// caller in an error.
+inline cuda_event record_cuda_event(cudaStream_t stream, const std::string& context) {
+  cudaEvent_t event = nullptr;
+  CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), context);
+  cuda_event owned(event);
+  CHUNKWISE_CUDA_TRY(cudaEventRecord(event, stream), context);
+  return owned;
+}
+
 class cuda_backend {
  public:
   using stream_ref = cudaStream_t;
@@ -64,13 +74,7 @@ class cuda_backend {
     CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream),
                        "cuda backend: copy of " + format_bytes(bytes));
   }
-  cuda_event record(cudaStream_t stream) {
-    cudaEvent_t event = nullptr;
-    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), std::string("cuda backend"));
-    cuda_event owned(event);
-    CHUNKWISE_CUDA_TRY(cudaEventRecord(event, stream), std::string("cuda backend"));
-    return owned;
-  }
+  cuda_event record(cudaStream_t stream) { return record_cuda_event(stream, "cuda backend"); }
   void wait_on(cudaStream_t stream, const cuda_event& event) {
     if (event) CHUNKWISE_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0), std::string("cuda backend"));
   }
