@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -41,4 +42,19 @@ TEST_CASE("the host backend refuses a copy to or from a null buffer on the calle
   backend.copy_async(backend.h2d(), nullptr, nullptr, 0);  // nothing to move: no memcpy(nullptr, ...) either
   backend.synchronize(backend.h2d());
   CHECK(buffer[0] == std::byte{1});
+}
+
+TEST_CASE("the host backend's compute stream is the caller's thread: work runs at once, its errors reach the caller") {
+  host_backend backend;
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  backend.compute().enqueue([&] { ran_on = std::this_thread::get_id(); });
+  CHECK(ran_on == caller);  // before any synchronize
+  CHECK(backend.ready(backend.record(backend.compute())));
+  CHECK_THROWS_WITH_AS(backend.compute().enqueue([] { throw_error(error_code::io_error, "kernel failed"); }),
+                       doctest::Contains("kernel failed"), error);
+  // A copy stream's worker is another thread, and its work is done only once synchronized.
+  backend.h2d().enqueue([&] { ran_on = std::this_thread::get_id(); });
+  backend.synchronize(backend.h2d());
+  CHECK(ran_on != caller);
 }

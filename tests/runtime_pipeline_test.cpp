@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <csignal>
@@ -408,47 +409,93 @@ TEST_CASE("on a device the host cannot address, every one-rank plan trains to th
   });
 }
 
+// Where the trainer's "kernels" run in train_with_kernels, and when.
+enum class kernels : std::uint8_t {
+  before_release,  // on the trainer's thread, before release(pass)
+  trainer_stream,  // on a stream of the trainer's, 30 ms after release(pass, computed) has returned
+  default_stream,  // on the device's default stream (the backend's compute stream), held shut through backward
+};
+
+// The device's default stream held shut until open(), or until 5 s have passed (then `timed_out`).
+class held_stream {
+ public:
+  held_stream() {
+    isolated_default_stream::get().enqueue([opened = opened_] { opened.wait(); });
+    watchdog_ = std::thread([this] {
+      if (queued_.get_future().wait_for(std::chrono::seconds(5)) == std::future_status::timeout) timed_out = true;
+      open_.set_value();
+    });
+  }
+  held_stream(const held_stream&) = delete;
+  held_stream& operator=(const held_stream&) = delete;
+  ~held_stream() { open(); }
+  /// The trainer queued all it had to: the stream may run.
+  void open() {
+    if (!watchdog_.joinable()) return;
+    queued_.set_value();
+    watchdog_.join();
+  }
+  std::atomic<bool> timed_out{false};
+
+ private:
+  std::promise<void> queued_;
+  std::promise<void> open_;
+  std::shared_future<void> opened_ = open_.get_future().share();
+  std::thread watchdog_;
+};
+
 // Two steps of the toy at one rank on the isolated device, every pass acquired and released with nothing computed in
-// forward; in backward a "kernel" reads the pass's parameters and writes gradients from them (g = p / 2 + 1/16).
-// `queued`: the kernel runs on a stream of the trainer's 30 ms after release(pass, computed) has returned, as a GPU's
-// kernels still run when the trainer's thread moves on; else on the trainer's thread before release(pass).
+// forward; in backward a "kernel" reads the pass's parameters and writes gradients from them (g = p / 2 + 1/16), where
+// `where` says. `trainer_waited` (default_stream only): whether backward's acquires and releases waited for the
+// default stream (they ran into the 5 s watchdog).
 template <class Plan>
-std::vector<std::vector<float>> train_with_kernels(bool queued) {
+std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_waited = nullptr) {
   const auto model = toy::profile(toy::batch);
   thread_world world(1);
   isolated_comm comm(world.comm(0));
   runtime_options options;
-  options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(2) : std::nullopt;
+  // Streamed: 2 blocks for the 4 chunks; on the held default stream 4, as a fill into a block that a pass released
+  // waits for that pass's kernels (the cache's acquire waits on the host for its fill).
+  const std::size_t blocks = where == kernels::default_stream ? 4 : 2;
+  options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(blocks) : std::nullopt;
+  std::optional<isolated_default_stream::queued> queued_default;
+  if (where == kernels::default_stream) queued_default.emplace();
   runtime<Plan, isolated_backend, isolated_comm> rt(model, comm, toy::initialize, options);
-  host_backend trainer;  // its h2d stream is the trainer's compute stream
+  host_backend trainer;  // its h2d stream is the trainer's own stream
+  host_stream& stream = where == kernels::default_stream ? isolated_default_stream::get() : trainer.h2d();
   for (int step = 1; step <= 2; ++step) {
+    std::optional<held_stream> held;
     for (std::size_t pass = 0; pass < model.passes.size(); ++pass) {
+      const bool backward = model.passes[pass].kind == pass_kind::backward;
+      if (backward && where == kernels::default_stream && !held) held.emplace();
       rt.acquire(pass);
-      if (model.passes[pass].kind == pass_kind::forward) {
+      if (!backward) {
         rt.release(pass);
         continue;
       }
       std::vector<std::pair<const float*, float*>> tensors;  // host aliases of (parameters, gradients)
-      for (const auto t : model.passes[pass].tensors)
+      std::vector<std::size_t> sizes;
+      for (const auto t : model.passes[pass].tensors) {
         tensors.emplace_back(static_cast<const float*>(host_alias(rt.parameter(t).data())),
                              static_cast<float*>(host_alias(rt.gradient(t).data())));
-      const auto sizes = [&] {
-        std::vector<std::size_t> n;
-        for (const auto t : model.passes[pass].tensors) n.push_back(model.tensors[t].elements);
-        return n;
-      }();
-      const auto kernel = [tensors, sizes, queued] {
-        if (queued) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        sizes.push_back(model.tensors[t].elements);
+      }
+      const auto kernel = [tensors, sizes, where] {
+        if (where == kernels::trainer_stream) std::this_thread::sleep_for(std::chrono::milliseconds(30));
         for (std::size_t k = 0; k < tensors.size(); ++k)
           for (std::size_t i = 0; i < sizes[k]; ++i) tensors[k].second[i] += tensors[k].first[i] / 2 + 0.0625f;
       };
-      if (!queued) {
+      if (where == kernels::before_release) {
         kernel();
         rt.release(pass);
         continue;
       }
-      trainer.h2d().enqueue(kernel);
-      rt.release(pass, trainer.record(trainer.h2d()));
+      stream.enqueue(kernel);
+      rt.release(pass, trainer.record(stream));
+    }
+    if (held) {
+      held->open();
+      if (trainer_waited != nullptr) *trainer_waited = *trainer_waited || held->timed_out;
     }
     rt.step(1e-2f);
   }
@@ -464,11 +511,32 @@ TEST_CASE("a pass released while its kernels are still queued hands its chunks o
   // zeroed accumulator, and the next fetch would overwrite the parameters the kernel reads.
   using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
   using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
-  const auto offloaded_in_order = train_with_kernels<offloaded>(false);
-  CHECK(train_with_kernels<offloaded>(true) == offloaded_in_order);
-  const auto streamed_in_order = train_with_kernels<streamed>(false);
-  CHECK(train_with_kernels<streamed>(true) == streamed_in_order);
+  const auto offloaded_in_order = train_with_kernels<offloaded>(kernels::before_release);
+  CHECK(train_with_kernels<offloaded>(kernels::trainer_stream) == offloaded_in_order);
+  const auto streamed_in_order = train_with_kernels<streamed>(kernels::before_release);
+  CHECK(train_with_kernels<streamed>(kernels::trainer_stream) == streamed_in_order);
   CHECK(streamed_in_order == offloaded_in_order);  // the same maths whatever the plan
+}
+
+TEST_CASE("gradient accumulators are made, zeroed and given back on the compute stream: backward never waits for it") {
+  // The kernels queue on the device's default stream (a GPU's legacy stream), held shut until the trainer has queued
+  // all of backward. The accumulators' zeroing and freeing queue there too; the synchronous forms (cudaMemset and
+  // cudaFree on the per-thread stream, then a wait, as the runtime did) would wait for the held stream, and the
+  // watchdog opens it after 5 s. The bits are the kernels' before their releases, for states on the device (the
+  // device optimizer queues behind the kernels), offloaded and streamed (every chunk in the cache's blocks).
+  using on_device = on_toy<plan<toy_layout, resident, replicated, optimizer_follows_home>>;
+  using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
+  using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+  const auto in_order = train_with_kernels<offloaded>(kernels::before_release);
+  bool waited = false;
+  CHECK(train_with_kernels<on_device>(kernels::default_stream, &waited) == in_order);
+  CHECK_FALSE(waited);
+  waited = false;
+  CHECK(train_with_kernels<offloaded>(kernels::default_stream, &waited) == in_order);
+  CHECK_FALSE(waited);
+  waited = false;
+  CHECK(train_with_kernels<streamed>(kernels::default_stream, &waited) == in_order);
+  CHECK_FALSE(waited);
 }
 
 TEST_CASE("checkpoints move between a device the host cannot address and the host backend, bit for bit") {

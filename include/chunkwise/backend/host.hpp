@@ -11,12 +11,19 @@
 
 namespace chunkwise {
 
-/// An ordered queue of work run by one worker thread (the host stand-in for cudaStream_t).
+/// An ordered queue of work run by one worker thread (the host stand-in for cudaStream_t); or, made with
+/// `caller_thread`, the calling thread's own stream: each task runs at once, its error thrown to the caller (what a
+/// trainer computing on its own thread has for a compute stream).
 class host_stream {
  public:
+  struct caller_thread_t {};
+  static constexpr caller_thread_t caller_thread{};
+
   host_stream() : queue_(1) {}
+  explicit host_stream(caller_thread_t) : queue_(0), on_caller_(true) {}
   template <class Task>
   void enqueue(Task&& task) {
+    if (on_caller_) return static_cast<void>(std::forward<Task>(task)());
     queue_.push(std::forward<Task>(task));
   }
   /// Blocks until everything queued so far has run; rethrows a task's error.
@@ -27,6 +34,7 @@ class host_stream {
 
  private:
   worker_threads queue_;
+  bool on_caller_ = false;
 };
 
 /// Completes when the work queued on its stream before it was recorded has run (cudaEvent_t's stand-in).
@@ -52,6 +60,8 @@ class host_backend {
 
   host_stream& h2d() noexcept { return h2d_; }
   host_stream& d2h() noexcept { return d2h_; }
+  /// The trainer's compute stream: its own thread (the host backend's "kernels" run there).
+  host_stream& compute() noexcept { return compute_; }
 
   /// Checked on the caller's thread: a null buffer would otherwise crash the stream's worker, far from the call.
   void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
@@ -80,6 +90,7 @@ class host_backend {
  private:
   host_stream h2d_;
   host_stream d2h_;
+  host_stream compute_{host_stream::caller_thread};
 };
 
 static_assert(backend<host_backend>);

@@ -8,6 +8,8 @@
 // A gradient whose states live in a host tier while the accumulator is device memory the host cannot address (a
 // GPU's) goes down on the backend's device-to-host stream once reduced, and is handed on when that copy's event
 // completes: the trainer's thread never waits for it, and the accumulator goes back only after it.
+// On such a device the accumulators are stream-ordered on the backend's compute stream, where the trainer's kernels
+// run (a GPU's legacy default stream): allocated, zeroed and given back there, with no host wait (tier_buffer.hpp).
 #include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
@@ -83,13 +85,9 @@ class gradient_pipeline {
   /// out_of_memory only when none is left.
   template <class Reduced>
   detail::tier_buffer device_buffer(std::size_t elements, Reduced&& reduced) {
-    for (;;) {
-      try {
-        return detail::tier_buffer(*device_, elements, type_, detail::tier_buffer::unfilled);
-      } catch (const error& e) {
-        if (e.code() != error_code::out_of_memory || !complete(/*wait_for_oldest=*/true, reduced)) throw;
-      }
-    }
+    return making_room(reduced, [&] {
+      return detail::tier_buffer(*device_, elements, type_, detail::tier_buffer::unfilled);
+    });
   }
 
   /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
@@ -184,12 +182,30 @@ class gradient_pipeline {
   static bool lands_on_host(const record& b) noexcept {
     return !b.gradient.host_accessible() && b.owned_gradient.host_accessible();
   }
-  // Chunk b's accumulator, zeroed, unless it has one.
+  // make(), making room past the budget as device_buffer says.
+  template <class Reduced, class Make>
+  detail::tier_buffer making_room(Reduced& reduced, Make&& make) {
+    for (;;) {
+      try {
+        return make();
+      } catch (const error& e) {
+        if (e.code() != error_code::out_of_memory || !complete(/*wait_for_oldest=*/true, reduced)) throw;
+      }
+    }
+  }
+  // Chunk b's accumulator, zeroed, unless it has one; in stream order on the compute stream where the host cannot
+  // address the device.
   template <class Reduced>
   void give_accumulator(record& b, Reduced& reduced) {
     if (!b.gradient.empty()) return;
-    b.gradient = device_buffer(b.full_elements, reduced);
-    b.gradient.zero(zeroing_);
+    if constexpr (host_staged_tier<DeviceTier>) {
+      b.gradient = making_room(reduced, [&] {
+        return detail::gradient_buffer(*device_, backend_->compute(), b.full_elements, type_);
+      });
+    } else {
+      b.gradient = device_buffer(b.full_elements, reduced);
+      b.gradient.zero(zeroing_);
+    }
   }
 
   // The owned part of chunk b's reduced accumulator to its host-tier gradient, on the device-to-host stream.

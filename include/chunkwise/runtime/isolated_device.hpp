@@ -21,10 +21,13 @@ class isolated_adam {
 
   isolated_adam(const optim::adam_config& config, const optim::cpu_options& options) : adam_(config, options) {}
   [[nodiscard]] const optim::adam_config& config() const noexcept { return adam_.config(); }
+  // After the device's default stream, as cuda_adam's kernels queue behind the trainer's on the legacy stream.
   void step(std::span<const optim::chunk_arrays> chunks, const optim::step_args& args) {
+    isolated_default_stream::wait_idle();
     adam_.step(aliases(chunks), args);
   }
   double grad_sum_of_squares(std::span<const optim::chunk_arrays> chunks) {
+    isolated_default_stream::wait_idle();
     return adam_.grad_sum_of_squares(aliases(chunks));
   }
 

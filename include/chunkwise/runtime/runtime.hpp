@@ -68,7 +68,7 @@ class runtime {
                                         options.chunk_bytes, options.layout_candidate)),
         pass_chunks_(detail::chunks_by_pass(model_, map_)),
         placement_(detail::place_chunks<Plan>(map_.chunks.size(), pass_chunks_, options)),
-        chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, type_, device_, host_)),
+        chunks_(detail::make_records<Plan, Comm>(map_, ops_, placement_, type_, device_, host_, backend_)),
         homes_(backend_, device_, host_, options.host_budget,
                detail::make_home_layout<Plan>(model_, pass_chunks_, chunks_, placement_, options)),
         gradients_(ops_, backend_, device_, chunks_, model_, pass_chunks_, map_, options.handover,

@@ -65,12 +65,15 @@ template <class T>
 concept addressable_tier = memory_tier<T> && std::same_as<typename T::handle_type, void*>;
 
 /// A device tier whose memory the host cannot address (a GPU's): the runtime zeroes it and moves bytes between it and
-/// host memory only through these synchronous calls (cudaMemset / cudaMemcpy on CUDA).
+/// host memory only through these synchronous calls (cudaMemset / cudaMemcpy on CUDA), or zeroes it in stream order
+/// (fill_zero(stream, ...): cudaMemsetAsync).
 template <class T>
 concept host_staged_tier =
     addressable_tier<T> && !has_property<T, host_accessible> &&
-    requires(T& tier, void* device, const void* device_src, void* host, const void* host_src, byte_count bytes) {
+    requires(T& tier, typename T::stream_ref stream, void* device, const void* device_src, void* host,
+             const void* host_src, byte_count bytes) {
       tier.fill_zero(device, bytes);
+      tier.fill_zero(stream, device, bytes);
       tier.copy_to_host(host, device_src, bytes);
       tier.copy_from_host(device, host_src, bytes);
     };

@@ -3,7 +3,9 @@
 // block of isolated_device_tier is host memory mapped twice: the address the tier hands out has no access, so any
 // load or store through it on the host faults at once (SIGSEGV), and an alias mapping that only the tier's fills and
 // copies, isolated_backend's copies (the host backend's streams) and the device's optimizer use (host_alias).
-// runtime/isolated_device.hpp gives the runtime its parts. Linux (memfd_create).
+// The device's default stream (isolated_default_stream) stands for a GPU's legacy default stream: its "kernels" run
+// there, the runtime queues its stream-ordered work there, and the tier's synchronous calls wait for it first, as the
+// CUDA tier's do. runtime/isolated_device.hpp gives the runtime its parts. Linux (memfd_create).
 #include <chunkwise/backend/host.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/error.hpp>
@@ -20,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace chunkwise {
 
@@ -71,6 +74,42 @@ class isolated_blocks {
 
 inline void* host_alias(const void* p) { return isolated_blocks::instance().host_alias(p); }
 
+/// The isolated device's default stream, process-wide as a GPU's legacy default stream. Unless a `queued` object
+/// lives, it is the calling thread's (each task at once: the OpenMP passes of train_gpt2's tests); a `queued` object
+/// makes it a worker thread for its lifetime, so a test's kernels can still run, or wait, when the trainer moves on.
+class isolated_default_stream {
+ public:
+  static host_stream& get() noexcept { return *current(); }
+  /// What the device's synchronous calls do first: wait for everything queued on it (errors stay with its owner).
+  static void wait_idle() noexcept {
+    try {
+      get().synchronize();
+    } catch (...) {  // a failed task is its queue owner's to report
+    }
+  }
+  class queued {
+   public:
+    queued() : previous_(std::exchange(current(), &stream_)) {}
+    queued(const queued&) = delete;
+    queued& operator=(const queued&) = delete;
+    ~queued() {
+      wait_idle();
+      current() = previous_;
+    }
+
+   private:
+    host_stream stream_;
+    host_stream* previous_;
+  };
+
+ private:
+  static host_stream*& current() noexcept {
+    static host_stream caller(host_stream::caller_thread);
+    static host_stream* stream = &caller;
+    return stream;
+  }
+};
+
 /// The device tier: blocks the host cannot address, under a byte budget; fills and copies go through the aliases.
 class isolated_device_tier {
  public:
@@ -81,14 +120,54 @@ class isolated_device_tier {
   explicit isolated_device_tier(byte_count budget) : budget_("device (isolated, host backend)", budget) {}
   isolated_device_tier(const isolated_device_tier&) = delete;
   isolated_device_tier& operator=(const isolated_device_tier&) = delete;
+  ~isolated_device_tier() { isolated_default_stream::wait_idle(); }  // frees queued there use this tier
 
+  // Stream-ordered: usable by work on `stream` at once; freed, or zeroed, when `stream` reaches it.
   void* allocate(host_stream& /*stream*/, byte_count bytes, std::size_t alignment = 0) {
-    return allocate_sync(bytes, alignment);
+    return allocate_now(bytes, alignment);
   }
-  void deallocate(host_stream& stream, void* block, byte_count bytes, std::size_t alignment = 0) {
-    stream.enqueue([this, block, bytes, alignment] { deallocate_sync(block, bytes, alignment); });
+  void deallocate(host_stream& stream, void* block, byte_count bytes, std::size_t /*alignment*/ = 0) {
+    stream.enqueue([this, block, bytes] { free_now(block, bytes); });
   }
+  void fill_zero(host_stream& stream, void* device, byte_count bytes) {
+    stream.enqueue([device, bytes] { std::memset(host_alias(device), 0, bytes); });
+  }
+  // Synchronous: after the work queued on the default stream, as cudaStreamPerThread's calls wait for the legacy one.
   void* allocate_sync(byte_count bytes, std::size_t alignment = 0) {
+    isolated_default_stream::wait_idle();
+    return allocate_now(bytes, alignment);
+  }
+  void deallocate_sync(void* block, byte_count bytes, std::size_t /*alignment*/ = 0) noexcept {
+    isolated_default_stream::wait_idle();
+    free_now(block, bytes);
+  }
+
+  // What a device tier the host cannot address supplies (tier/concepts.hpp: host_staged_tier).
+  void fill_zero(void* device, byte_count bytes) {
+    isolated_default_stream::wait_idle();
+    std::memset(host_alias(device), 0, bytes);
+  }
+  void copy_to_host(void* host, const void* device, byte_count bytes) {
+    isolated_default_stream::wait_idle();
+    std::memcpy(host, host_alias(device), bytes);
+  }
+  void copy_from_host(void* device, const void* host, byte_count bytes) {
+    isolated_default_stream::wait_idle();
+    std::memcpy(host_alias(device), host, bytes);
+  }
+
+  [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
+  [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
+  void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
+  void note_written(byte_count bytes) noexcept { budget_.note_written(bytes); }
+
+  friend constexpr void get_property(const isolated_device_tier&, device_accessible) noexcept {}
+
+ private:
+  static constexpr std::size_t page_bytes = 4096;
+  static std::size_t mapped_bytes(byte_count bytes) noexcept { return round_up(bytes == 0 ? 1 : bytes, page_bytes); }
+
+  void* allocate_now(byte_count bytes, std::size_t alignment) {
     if (alignment > page_bytes)
       detail::raise(error_code::invalid_argument, "isolated device tier: alignment " + std::to_string(alignment) +
                                                       " asked; blocks are page-aligned (4096)");
@@ -113,7 +192,7 @@ class isolated_device_tier {
     isolated_blocks::instance().add(device, mapped, static_cast<std::byte*>(alias));
     return device;
   }
-  void deallocate_sync(void* block, byte_count bytes, std::size_t /*alignment*/ = 0) noexcept {
+  void free_now(void* block, byte_count bytes) noexcept {
     if (block == nullptr) return;
     const std::size_t mapped = mapped_bytes(bytes);
     void* alias = host_alias(block);
@@ -122,26 +201,6 @@ class isolated_device_tier {
     ::munmap(block, mapped);
     budget_.release(bytes);
   }
-
-  // What a device tier the host cannot address supplies (tier/concepts.hpp: host_staged_tier).
-  void fill_zero(void* device, byte_count bytes) { std::memset(host_alias(device), 0, bytes); }
-  void copy_to_host(void* host, const void* device, byte_count bytes) {
-    std::memcpy(host, host_alias(device), bytes);
-  }
-  void copy_from_host(void* device, const void* host, byte_count bytes) {
-    std::memcpy(host_alias(device), host, bytes);
-  }
-
-  [[nodiscard]] tier_stats stats() const noexcept { return budget_.stats(); }
-  [[nodiscard]] byte_count capacity() const noexcept { return budget_.capacity(); }
-  void note_read(byte_count bytes) noexcept { budget_.note_read(bytes); }
-  void note_written(byte_count bytes) noexcept { budget_.note_written(bytes); }
-
-  friend constexpr void get_property(const isolated_device_tier&, device_accessible) noexcept {}
-
- private:
-  static constexpr std::size_t page_bytes = 4096;
-  static std::size_t mapped_bytes(byte_count bytes) noexcept { return round_up(bytes == 0 ? 1 : bytes, page_bytes); }
 
   detail::byte_budget budget_;
 };
@@ -195,6 +254,8 @@ static_assert(memory_tier_with<isolated_pinned_tier, host_accessible, device_acc
 class isolated_backend : public host_backend {
  public:
   static constexpr const char* name = "isolated";
+  /// The device's default stream (isolated_default_stream), where its kernels run.
+  static host_stream& compute() noexcept { return isolated_default_stream::get(); }
   void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
     check_host_side(dst, src, bytes);
     host_backend::copy_async(stream, host_alias(dst), host_alias(src), bytes);

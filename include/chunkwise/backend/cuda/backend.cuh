@@ -68,6 +68,9 @@ class cuda_backend {
 
   [[nodiscard]] cudaStream_t h2d() const noexcept { return h2d_; }
   [[nodiscard]] cudaStream_t d2h() const noexcept { return d2h_; }
+  /// The trainer's kernels' stream: the legacy default stream, which every blocking stream (the per-thread default
+  /// stream of code built with --default-stream per-thread included) is ordered with; not a non-blocking stream.
+  [[nodiscard]] cudaStream_t compute() const noexcept { return cudaStreamLegacy; }
   [[nodiscard]] int device() const noexcept { return device_; }
 
   void copy_async(cudaStream_t stream, void* dst, const void* src, byte_count bytes) {

@@ -153,9 +153,9 @@ void check_device_reach(const Comm& comm) {
 }
 
 /// Each chunk's geometry, initial state and reduced-gradient buffer, which lives with its optimizer states.
-template <class Plan, communicator Comm, class Ops, class DeviceTier, class HostTier>
+template <class Plan, communicator Comm, class Ops, class DeviceTier, class HostTier, class Backend>
 std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& ops, const chunk_placement& p,
-                                             dtype type, DeviceTier& device, HostTier& host) {
+                                             dtype type, DeviceTier& device, HostTier& host, Backend& backend) {
   constexpr bool shards = Plan::collective::shards_parameters;
   std::vector<chunk_record<Comm>> records(map.chunks.size());
   visit_element(type, "runtime", [&]<class T>(T) {
@@ -169,7 +169,7 @@ std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& op
       b.full_elements = ops.template full_elements<T>(elements);
       b.home_elements = ops.template home_elements<T>(elements);
       b.states_on_device = c < p.resident - p.offloaded;
-      b.owned_gradient = b.states_on_device ? tier_buffer(device, b.owned.elements, type)
+      b.owned_gradient = b.states_on_device ? gradient_buffer(device, backend.compute(), b.owned.elements, type)
                                             : tier_buffer(host, b.owned.elements, type);
     }
   });

@@ -4,6 +4,8 @@
 // (mixed-precision parameters and gradients); data<T>() views them as T. Movable, not copyable.
 // A buffer of a tier the host cannot address (a GPU's, tier/concepts.hpp host_staged_tier) is zeroed and read or
 // written from the host through its tier's calls; data<T>() is then a device address, for kernels and copies only.
+// Such a buffer may also be stream-ordered: allocated, zeroed and given back on one stream (the trainer's compute
+// stream), so neither its making nor its end waits on the host.
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/worker_threads.hpp>
@@ -14,6 +16,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 #include <utility>
 
@@ -23,10 +26,26 @@ namespace chunkwise::detail {
 struct tier_buffer_ops {
   void (*release)(void* tier, void* block, std::size_t bytes) noexcept;
   void (*fill_zero)(void* tier, void* block, std::size_t bytes);
+  // Stream-ordered buffers (host_staged_tier only): `stream` is the tier's stream_ref, type-erased.
+  void (*release_on)(void* tier, void* stream, void* block, std::size_t bytes) noexcept;
+  void (*fill_zero_on)(void* tier, void* stream, void* block, std::size_t bytes);
   void (*to_host)(void* tier, void* host, const void* block, std::size_t bytes);
   void (*from_host)(void* tier, void* block, const void* host, std::size_t bytes);
   bool host_accessible;
 };
+
+// A tier's stream_ref (a cudaStream_t, or a host_stream&) as an untyped pointer, and back.
+template <class Tier>
+void* erase_stream(typename Tier::stream_ref stream) noexcept {
+  if constexpr (std::is_reference_v<typename Tier::stream_ref>) return &stream;
+  else return static_cast<void*>(stream);
+}
+template <class Tier>
+typename Tier::stream_ref restore_stream(void* stream) noexcept {
+  using stream_ref = typename Tier::stream_ref;
+  if constexpr (std::is_reference_v<stream_ref>) return *static_cast<std::remove_reference_t<stream_ref>*>(stream);
+  else return static_cast<stream_ref>(stream);
+}
 
 template <class Tier>
 constexpr tier_buffer_ops tier_buffer_ops_of() {
@@ -37,6 +56,15 @@ constexpr tier_buffer_ops tier_buffer_ops_of() {
   if constexpr (host_staged_tier<Tier>) {
     ops.fill_zero = [](void* tier, void* block, std::size_t bytes) {
       static_cast<Tier*>(tier)->fill_zero(block, bytes);
+    };
+    ops.release_on = [](void* tier, void* stream, void* block, std::size_t bytes) noexcept {
+      try {
+        static_cast<Tier*>(tier)->deallocate(restore_stream<Tier>(stream), block, bytes);
+      } catch (...) {  // a device that fails a queued free has failed the run; its own calls report that
+      }
+    };
+    ops.fill_zero_on = [](void* tier, void* stream, void* block, std::size_t bytes) {
+      static_cast<Tier*>(tier)->fill_zero(restore_stream<Tier>(stream), block, bytes);
     };
     ops.to_host = [](void* tier, void* host, const void* block, std::size_t bytes) {
       static_cast<Tier*>(tier)->copy_to_host(host, block, bytes);
@@ -72,6 +100,16 @@ class tier_buffer {
       : tier_buffer(tier, elements, type, unfilled) {
     zero();
   }
+  /// Stream-ordered zeros: usable by work queued on `stream` from now on, zeroed there (zero() too), and given back
+  /// there when destroyed, after that work; the host never waits for `stream`. Its other users must be done (waited
+  /// for, or ordered before `stream`) by then.
+  template <host_staged_tier Tier>
+  tier_buffer(Tier& tier, typename Tier::stream_ref stream, std::size_t elements, dtype type)
+      : tier_(&tier), bytes_(elements * size_of(type)), ops_(&tier_buffer_ops_for<Tier>),
+        stream_(erase_stream<Tier>(stream)) {
+    if (bytes_ != 0) data_ = static_cast<std::byte*>(tier.allocate(stream, bytes_));
+    zero();
+  }
   tier_buffer(tier_buffer&& other) noexcept { swap(other); }
   tier_buffer& operator=(tier_buffer&& other) noexcept {
     tier_buffer moved(std::move(other));
@@ -81,7 +119,9 @@ class tier_buffer {
   tier_buffer(const tier_buffer&) = delete;
   tier_buffer& operator=(const tier_buffer&) = delete;
   ~tier_buffer() {
-    if (data_ != nullptr) ops_->release(tier_, data_, bytes_);
+    if (data_ == nullptr) return;
+    if (stream_ != nullptr) ops_->release_on(tier_, stream_, data_, bytes_);
+    else ops_->release(tier_, data_, bytes_);
   }
 
   template <class T = float>
@@ -103,7 +143,9 @@ class tier_buffer {
   /// Whether the host may read and write data() directly (else: zero, copy_to_host, copy_from_host).
   [[nodiscard]] bool host_accessible() const noexcept { return ops_ == nullptr || ops_->host_accessible; }
   void zero() {
-    if (data_ != nullptr) ops_->fill_zero(tier_, data_, bytes_);
+    if (data_ == nullptr) return;
+    if (stream_ != nullptr) ops_->fill_zero_on(tier_, stream_, data_, bytes_);
+    else ops_->fill_zero(tier_, data_, bytes_);
   }
   /// zero() in 1 MiB tiles on `threads` and the caller: a chunk's worth of memset on one core is most of a GPU
   /// step's host time (gradient accumulators, every step). A tier the host cannot address fills it itself.
@@ -128,13 +170,23 @@ class tier_buffer {
     std::swap(data_, other.data_);
     std::swap(bytes_, other.bytes_);
     std::swap(ops_, other.ops_);
+    std::swap(stream_, other.stream_);
   }
 
   void* tier_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
   const tier_buffer_ops* ops_ = nullptr;
+  void* stream_ = nullptr;  // set: stream-ordered (erase_stream)
 };
+
+/// A zeroed gradient buffer of `elements` in the device tier: stream-ordered on the trainer's compute stream where the
+/// host cannot address the tier (so its end waits for no host call), else a plain one.
+template <class Tier>
+tier_buffer gradient_buffer(Tier& device, typename Tier::stream_ref compute, std::size_t elements, dtype type) {
+  if constexpr (host_staged_tier<Tier>) return tier_buffer(device, compute, elements, type);
+  else return tier_buffer(device, elements, type);
+}
 
 /// A tier_buffer's bytes where the host can touch them: the buffer itself when its tier is host memory, else a host
 /// copy made at construction; write_back() returns a changed copy to the buffer.

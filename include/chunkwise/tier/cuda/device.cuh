@@ -63,6 +63,10 @@ class cuda_device_tier {
     CHUNKWISE_CUDA_TRY(cudaFreeAsync(memory, stream), std::string("CUDA device tier: free"));
     budget_.release(bytes);
   }
+  /// Stream-ordered zeros: later work on `stream` sees them, the host does not wait.
+  void fill_zero(cudaStream_t stream, void* memory, byte_count bytes) {
+    CHUNKWISE_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, stream), std::string("CUDA device tier: fill_zero"));
+  }
   void* allocate_sync(byte_count bytes, std::size_t alignment = 0) {
     void* memory = allocate(cudaStreamPerThread, bytes, alignment);
     CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(cudaStreamPerThread), std::string("CUDA device tier: allocate_sync"));
