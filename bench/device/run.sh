@@ -10,14 +10,11 @@
 # MFU against the H200's dense fp32 peak without tensor cores (67e12, PEAK_FLOPS): the passes run in fp32; a line
 # before it gives --dtype bf16's (bf16 tensor-core products) against the bf16 dense peak (790e12, BF16_PEAK_FLOPS).
 #
-# What the machine lacks travels with the working tree: Debian's doctest-dev and nlohmann-json3-dev as .deb files in
-# .device-debs/ (carry it), unpacked into a prefix the build finds. NCCL from the toolkit, else from PyTorch's wheel.
-# A carried build skips the compile there: here, cmake -S . -B build/carry -G Ninja -DCMAKE_BUILD_TYPE=Release
-# -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF
-# -DCHUNKWISE_DNNL_LIBRARY=OFF (oneDNN's 40 MB library would not fit the 64 MiB carry), ninja train_gpt2
-# chunkwise_gpt2_device_test chunkwise_cuda_gpt2_device_test chunkwise_cuda_runtime_test, copy the BLAS it links
-# (ldd) into .device-libs/, and carry those binaries, .device-libs and .device-debs (about 48 MB); a carried build
-# that does not start there is ignored.
+# What the machine lacks travels with the working tree, made by bench/device/prepare.sh on a workstation: Debian's
+# doctest-dev and nlohmann-json3-dev as .deb files in .device-debs/, unpacked into a prefix the build finds, and a
+# build for sm_90 in .device-carry/ (train_gpt2, the tests, the libraries they link in lib/) that saves the compile
+# there; one that does not start there is ignored. NCCL from the toolkit, else from PyTorch's wheel.
+#   run(command="bash bench/device/run.sh", carry=[".device-carry", ".device-debs"], timeout_s=540)
 # Usage (on the device machine): bash bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]
 # MEMCHECK_TESTS="..." names the CUDA tests to run under memcheck (default: all, none under QUICK=1); DEADLINE_S (500)
 # ends memcheck. QUICK=1 builds and tests only the trainer's device passes.
@@ -61,14 +58,15 @@ if [ ! -f /usr/local/cuda/include/nccl.h ]; then
     nccl=(-DCHUNKWISE_NCCL=OFF)
   fi
 fi
-# A build carried from a workstation with the same toolkit (build/carry, sm_90; its BLAS in .device-libs) saves
-# this machine the compile; where it does not start here (other system libraries), build here.
+# A build carried from a workstation with the same toolkit (.device-carry, sm_90; its libraries in lib/) saves this
+# machine the compile; where it does not start here (other system libraries), build here.
 bin=build/device
-export LD_LIBRARY_PATH="$PWD/.device-libs:${LD_LIBRARY_PATH:-}"
-if [ -x build/carry/examples/train_gpt2/train_gpt2 ] &&
-   build/carry/examples/train_gpt2/train_gpt2 --help > "$logs/carried.log" 2>&1; then
-  bin=build/carry
-  targets=$(cd build/carry/tests/cuda 2>/dev/null && ls chunkwise_cuda_*_test 2>/dev/null | tr '\n' ' ')
+export LD_LIBRARY_PATH="$PWD/.device-carry/lib:${LD_LIBRARY_PATH:-}"
+if [ -x .device-carry/examples/train_gpt2/train_gpt2 ] &&
+   .device-carry/examples/train_gpt2/train_gpt2 --help > "$logs/carried.log" 2>&1; then
+  bin=.device-carry
+  targets=$(cd .device-carry/tests/cuda 2>/dev/null && ls chunkwise_cuda_*_test 2>/dev/null | tr '\n' ' ')
+  [ -n "${QUICK:-}" ] && targets=chunkwise_cuda_gpt2_device_test
   stamp "the carried build: train_gpt2, $targets"
 else
   stamp "configure (NCCL: ${nccl[*]:-toolkit})"

@@ -275,6 +275,12 @@ struct activation_block {
   float* memory;
 };
 
+/// How the row reductions cut a row of layer norm's C columns, and of the softmax's V columns, into segments.
+inline device_kernels::row_segments layernorm_segments(std::size_t channels) {
+  return {channels, kernels::layernorm_segment};
+}
+inline device_kernels::row_segments softmax_segments(std::size_t vocab) { return {vocab, kernels::softmax_segment}; }
+
 /// Where the scratch block's pieces lie (byte offsets): the token and target arrays (B*T ints each), the row
 /// reductions' partial sums (two per row and segment of the widest row: layer norm's C or the softmax's V columns)
 /// and statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
@@ -282,8 +288,7 @@ struct scratch_layout {
   explicit scratch_layout(const model_config& config) {
     const std::size_t rows = config.batch * config.context;
     const std::size_t segments =
-        std::max(device_kernels::row_segments{config.channels, kernels::layernorm_segment}.per_row(),
-                 device_kernels::row_segments{config.vocab, kernels::softmax_segment}.per_row());
+        std::max(layernorm_segments(config.channels).per_row(), softmax_segments(config.vocab).per_row());
     targets = rows * sizeof(int);
     row_parts = targets + rows * sizeof(int);
     row_parts_elements = 2 * rows * segments;
@@ -366,8 +371,8 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   device_detail::lent_or_owned staged_parameters;  // bf16 chunks' parameters widened
   device_detail::buffer mirror;             // every parameter tensor, at mirror_offsets (allocated at the first use)
   std::size_t mirror_elements = 0;
-  device_kernels::row_segments layernorm_segments() const { return {C, kernels::layernorm_segment}; }
-  device_kernels::row_segments softmax_segments() const { return {V, kernels::softmax_segment}; }
+  device_kernels::row_segments layernorm_segments() const { return device_detail::layernorm_segments(C); }
+  device_kernels::row_segments softmax_segments() const { return device_detail::softmax_segments(V); }
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};
   std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)

@@ -1126,7 +1126,7 @@ int main(int argc, char** argv) {
 #if CHUNKWISE_HAS_MPI
   std::optional<gpt2::process_world> processes;  // --comm mpi
 #endif
-  bool training = false;  // past planning: a process that fails now must end its peers, which wait for it
+  [[maybe_unused]] bool training = false;  // past planning: a process that fails now must end its peers (MPI)
   // The error, with the process's rank when there are several; a process failing mid-run ends the job.
   const auto fail = [&](const char* message) {
 #if CHUNKWISE_HAS_MPI

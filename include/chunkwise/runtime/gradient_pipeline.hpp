@@ -210,6 +210,9 @@ class gradient_pipeline {
 
   // The owned part of chunk b's reduced accumulator to its host-tier gradient, on the device-to-host stream.
   void start_copy_down(record& b, std::size_t first_element) {
+    // After the accumulator's zeroing on the compute stream, whatever event the trainer gave (or none, with a plain
+    // release: its kernels are done, but a chunk no kernel wrote has only the zeroing before it).
+    backend_->wait_on(backend_->d2h(), backend_->record(backend_->compute()));
     backend_->copy_async(backend_->d2h(), b.owned_gradient.template data<std::byte>(),
                          b.gradient.template data<std::byte>() + first_element * size_of(type_),
                          b.owned_gradient.bytes());
