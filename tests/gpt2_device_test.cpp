@@ -41,6 +41,17 @@ const std::filesystem::path& nvme_directory() {
   return directory.path();
 }
 
+// Both sides' runtime options: fp16 scales its loss (train_gpt2 does), and the passes add gradients times the scale.
+template <class Plan>
+runtime_options run_options(byte_count device_budget, dtype type) {
+  runtime_options options;
+  options.device_budget = device_budget;
+  options.nvme_directory = nvme_directory();
+  options.device_blocks = device_blocks<Plan>();
+  if (type == dtype::fp16) options.loss_scaling = optim::loss_scaler_config{};
+  return options;
+}
+
 /// Parameters after 3 steps under Plan on one rank, with the passes on the CPU loops (chunk_executor) or on the
 /// device passes (device_executor).
 template <class Plan>
@@ -50,11 +61,8 @@ std::vector<std::vector<float>> train(bool on_device, byte_count device_budget, 
   const auto model = gpt2::trace_profile(config, type);
   thread_world world(1);
   auto comm = world.comm(0);
-  runtime_options options;
-  options.device_budget = device_budget;
-  options.nvme_directory = nvme_directory();
-  options.device_blocks = device_blocks<Plan>();
-  runtime<Plan, host_backend, thread_comm> rt(model, comm, gpt2::initializer(config, 9), options);
+  runtime<Plan, host_backend, thread_comm> rt(model, comm, gpt2::initializer(config, 9),
+                                              run_options<Plan>(device_budget, type));
   fp32_compute compute(rt);
   gpt2::activations<float> acts(config);
   gpt2::chunk_executor cpu(rt, compute, acts);
@@ -114,12 +122,8 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
     threads.emplace_back([&, r] {
       try {
         Comm comm(world.comm(r));
-        runtime_options options;
-        options.device_budget = device_budget;
-        options.nvme_directory = nvme_directory();
-        options.device_blocks = device_blocks<Plan>();
         using runtime_type = runtime<Plan, Backend, Comm>;
-        runtime_type rt(model, comm, gpt2::initializer(config, 9), options);
+        runtime_type rt(model, comm, gpt2::initializer(config, 9), run_options<Plan>(device_budget, type));
         std::vector<int> tokens, targets;
         const auto steps = [&](auto& executor) {
           for (unsigned step = 0; step < 3; ++step) {
@@ -141,7 +145,7 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           // The activations, the scratch, and for bf16 chunks the staging areas, in the runtime's device tier, as
           // train_gpt2 --backend cuda takes them (the kernels here write the isolated device's host aliases).
           const byte_count bytes = gpt2::activations<float>::total_bytes(config);
-          const bool staged = type == dtype::bf16;
+          const bool staged = type != dtype::fp32;
           const byte_count staging_bytes = staged ? gpt2::device_workspace::staging_bytes(config) : 0;
           const byte_count scratch_bytes = gpt2::device_workspace::scratch_bytes(config);
           const byte_count in_use = rt.device_stats().in_use;
@@ -172,6 +176,10 @@ std::vector<std::vector<float>> train_ranks(int ranks, byte_count device_budget,
           CHECK(reinterpret_cast<char*>(held.scratch.row_stats + held.scratch.layout.row_stats_elements) <=
                 reinterpret_cast<char*>(lent_scratch) + scratch_bytes);
           CHECK(workspace.own_device_bytes() == 0);
+        }
+        if (type == dtype::fp16) {  // the loss was scaled, and at least one step updated
+          CHECK(rt.loss_scale() > 1.0f);
+          CHECK(rt.steps() >= 1);
         }
         for (std::uint32_t t = 0; t < model.tensors.size(); ++t) {
           auto values = rt.read_parameters(t);
@@ -227,15 +235,16 @@ TEST_CASE_TEMPLATE("the device executor trains on chunk memory to the CPU execut
 
 TEST_CASE_TEMPLATE("the device passes train on chunks in device memory, without copies, to the CPU's parameters", Plan,
                    resident_plan, streamed_plan, split_plan, nvme_plan) {
-  // bf16 chunks: widened on the device, the gradients added into the bf16 accumulators there (fp32_compute's maths
-  // on the CPU side). Every home: the device, pinned host memory (all streamed, or split), the NVMe store.
+  // bf16 and fp16 chunks: widened on the device, the gradients added into the 16-bit accumulators there, times
+  // fp16's loss scale (fp32_compute's maths on the CPU side). Every home: the device, pinned host memory (all
+  // streamed, or split), the NVMe store.
   const byte_count budget = chunk_budget<Plan>;
   const auto config = gpt2_device_cases::small_config();
   const byte_count activations = gpt2::activations<float>::total_bytes(config);
   const byte_count scratch = gpt2::device_workspace::scratch_bytes(config);
-  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+  for (const dtype type : {dtype::fp32, dtype::bf16, dtype::fp16}) {
     CAPTURE(type);
-    const byte_count staging = type == dtype::bf16 ? gpt2::device_workspace::staging_bytes(config) : 0;
+    const byte_count staging = type != dtype::fp32 ? gpt2::device_workspace::staging_bytes(config) : 0;
     const auto cpu = train<Plan>(false, budget, nullptr, type);
     const byte_count device_budget = budget + activations + scratch + staging;
     CHECK(worst_difference(train_on_device_chunks<Plan>(1, device_budget, type), cpu) == 0.0);
@@ -246,7 +255,7 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
   // Two thread ranks whose collectives refuse host memory (as NCCL's): the same parameters as the CPU executor on
   // the host backend at 2 ranks.
   using zero2 = plan<gpt2::plans::chunks, resident, shard_grads, optimizer_follows_home>;
-  for (const dtype type : {dtype::fp32, dtype::bf16}) {
+  for (const dtype type : {dtype::fp32, dtype::bf16, dtype::fp16}) {
     CAPTURE(type);
     CHECK(worst_difference(train_on_device_chunks<zero2>(2, 1 * GiB, type), train_on_host_ranks<zero2>(2, type)) ==
           0.0);

@@ -116,6 +116,9 @@ run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
 run_trainer cuda_mirror --backend cuda --gpu-chunks off --steps 4 --device-budget 0
 # bf16 chunks and bf16 tensor-core products (fp32 sums): the MFU against the H200's bf16 dense peak (BF16_PEAK_FLOPS)
 run_trainer cuda_bf16 --backend cuda --dtype bf16 --steps 6 --device-budget 0
+# fp16 chunks with loss scaling (fp32 products), beside the host backend's fp16 run
+run_trainer cuda_fp16 --backend cuda --dtype fp16 --steps 4 --device-budget 0
+run_trainer host_fp16 --backend host --dtype fp16 --steps 4 --device-budget 0
 run_trainer host --backend host --steps 4 --device-budget 0
 
 if [ -z "${SKIP_TORCH:-}" ]; then  # SKIP_TORCH=1: a call that measures only ours (the speedups print as nan)
@@ -152,6 +155,7 @@ def median_ms(text):
     return float(m.group(1)) if m else float("nan")
 cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
 mirror, bf16 = read("train_cuda_mirror.log"), read("train_cuda_bf16.log")
+fp16, host_fp16 = read("train_cuda_fp16.log"), read("train_host_fp16.log")
 flops = re.search(r"([0-9.]+) GFLOP per step", cuda)
 flops = float(flops.group(1)) * 1e9 if flops else float("nan")
 tokens = 4 * 256
@@ -173,6 +177,8 @@ print(f"cuda: median step {step*1e3:.1f} ms, {tps:.0f} tokens/s, {flops/step/1e1
 bf16_step = median_ms(bf16) * 1e-3
 print(f"bf16 (chunks and tensor-core products): median step {bf16_step*1e3:.1f} ms, {tokens/bf16_step:.0f} tokens/s, "
       f"mfu {flops/bf16_step/bf16_peak:.4f} of the bf16 dense peak; loss at step 4 {loss_at(bf16, 4):.6f}")
+print(f"fp16 (chunks, loss scaling): loss at step 4 {loss_at(fp16, 4):.6f}, host {loss_at(host_fp16, 4):.6f}; "
+      f"median step {median_ms(fp16):.1f} ms")
 print(f"device mfu={flops/step/peak:.4f} tokens_per_s={tps:.0f} speedup_vs_torch={tps/torch_tps('plain'):.3f} "
       f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
 PY

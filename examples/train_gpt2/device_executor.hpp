@@ -107,8 +107,9 @@ class device_executor {
 
 /// --backend cuda with the chunks in device memory (runtime<Plan, gpu_backend, ...>): each pass acquires its chunks,
 /// and the device passes read the runtime's fp32 parameters and add into its gradient accumulators where they are:
-/// no mirror, no copy. bf16 chunks are widened into the workspace's staging on the device, and the pass's fp32
-/// gradients added into the bf16 accumulators there (as fp32_compute does on the host, to the same bits).
+/// no mirror, no copy. bf16 and fp16 chunks are widened into the workspace's staging on the device, and the pass's
+/// fp32 gradients added into the 16-bit accumulators there, times fp16's loss scale (as fp32_compute does on the
+/// host, to the same bits).
 /// `Device` says how the passes reach the runtime's device: `address(p)`, the passes' address of the runtime's device
 /// address p, and `computed()`, an event of the runtime's backend that completes once the passes queued so far have
 /// run. A pass's release hands its chunks on (to a reduction, an update, an eviction) ordered after that event, so
@@ -122,10 +123,11 @@ class device_chunk_executor {
     for (const auto& tensor : parameter_tensors(config)) elements_.push_back(tensor.elements);
     parameters_.assign(elements_.size(), nullptr);
     gradients_.assign(elements_.size(), nullptr);
-    if (rt.element_type() != chunkwise::dtype::fp32 && rt.element_type() != chunkwise::dtype::bf16)
+    const auto type = rt.element_type();
+    if (type != chunkwise::dtype::fp32 && type != chunkwise::dtype::bf16 && type != chunkwise::dtype::fp16)
       chunkwise::throw_error(chunkwise::error_code::unsupported,
-                             "the device passes compute on fp32 or bf16 chunks, not " +
-                                 std::string(chunkwise::to_string(rt.element_type())));
+                             "the device passes compute on fp32, bf16 or fp16 chunks, not " +
+                                 std::string(chunkwise::to_string(type)));
   }
   /// The next forward() starts at the profile's first pass.
   void restart() noexcept { next_ = 0; }
@@ -135,13 +137,13 @@ class device_chunk_executor {
     const std::size_t pass = next_++;
     time_host("runtime acquire", [&] { rt_->acquire(pass); });
     const bool backward = info.kind == chunkwise::pass_kind::backward;
-    const bool widened = rt_->element_type() == chunkwise::dtype::bf16;
+    const chunkwise::dtype type = rt_->element_type();
+    const bool widened = type != chunkwise::dtype::fp32;
     std::size_t offset = 0;
     for (const auto t : info.tensors) {
       const auto tensor = static_cast<std::uint32_t>(t);
       if (widened) {
-        parameters_[t] = workspace_->widened_parameter(offset, bits(rt_->template parameter<chunkwise::bf16>(tensor)),
-                                                       elements_[t]);
+        parameters_[t] = workspace_->widened_parameter(offset, chunk_bits(tensor, type, false), elements_[t], type);
         gradients_[t] = backward ? workspace_->zeroed_gradient(offset, elements_[t]) : nullptr;
       } else {
         parameters_[t] = device_.address(rt_->parameter(tensor).data());
@@ -153,8 +155,8 @@ class device_chunk_executor {
     if (widened && backward) {
       offset = 0;
       for (const auto t : info.tensors) {
-        workspace_->add_gradient_to_bf16(bits(rt_->template gradient<chunkwise::bf16>(static_cast<std::uint32_t>(t))),
-                                         offset, elements_[t], rt_->loss_scale());
+        workspace_->add_gradient_to_16bit(chunk_bits(static_cast<std::uint32_t>(t), type, true), offset, elements_[t],
+                                          rt_->loss_scale(), type);
         offset += elements_[t];
       }
     }
@@ -165,9 +167,14 @@ class device_chunk_executor {
   device_workspace& acts() noexcept { return *workspace_; }
 
  private:
-  // A bf16 chunk span as the raw bits the workspace's conversions take, at the passes' address.
-  std::uint16_t* bits(std::span<chunkwise::bf16> values) const {
-    return device_.address(reinterpret_cast<std::uint16_t*>(values.data()));
+  // A tensor's 16-bit parameters (or gradient accumulator) as the raw bits the workspace converts, at the passes'
+  // address.
+  std::uint16_t* chunk_bits(std::uint32_t tensor, chunkwise::dtype type, bool gradient) const {
+    const auto bits = [&]<class T>(T) {
+      auto values = gradient ? rt_->template gradient<T>(tensor) : rt_->template parameter<T>(tensor);
+      return device_.address(reinterpret_cast<std::uint16_t*>(values.data()));
+    };
+    return type == chunkwise::dtype::bf16 ? bits(chunkwise::bf16{}) : bits(chunkwise::fp16{});
   }
 
   Runtime* rt_;

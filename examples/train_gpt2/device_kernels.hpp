@@ -6,6 +6,8 @@
 // and every sum runs in the CPU loops' order: the two differ only by the device's rounding of exp, tanh and fused
 // multiply-adds. The matrix products are not here: cuBLAS on the GPU, the CPU loops on the host
 // (device_model_impl.hpp).
+#include <chunkwise/core/dtype.hpp>
+
 #include "gelu_math.hpp"    // GPT2_HOST_DEVICE, tanh_approx
 #include "gpt2_model.hpp"  // kernels::softmax_segment
 
@@ -32,6 +34,7 @@
 #include <cxxabi.h>
 #endif
 #if defined(__CUDACC__)
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -142,20 +145,51 @@ GPT2_HOST_DEVICE inline std::uint16_t float_to_bf16(float value) {
   return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// out[i] = in[i] widened: a pass's bf16 parameters as the fp32 the passes compute with.
-struct widen_bf16 {
-  float* out;
-  const std::uint16_t* in;
-  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = bf16_to_float(in[i]); }
+// fp16 chunks (--dtype fp16), on raw bits: IEEE binary16, rounded to nearest even (CUDA's __float2half_rn on the
+// GPU, chunkwise's to_fp16 on the host: the same bits, a NaN's payload aside).
+GPT2_HOST_DEVICE inline float fp16_to_float(std::uint16_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(bits));
+#else
+  return chunkwise::to_float(chunkwise::fp16{bits});
+#endif
+}
+GPT2_HOST_DEVICE inline std::uint16_t float_to_fp16(float value) {
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(value));
+#else
+  return chunkwise::to_fp16(value).bits;
+#endif
+}
+
+// The 16-bit chunk formats, for the functors below.
+struct bf16_format {
+  GPT2_HOST_DEVICE static float widen(std::uint16_t bits) { return bf16_to_float(bits); }
+  GPT2_HOST_DEVICE static std::uint16_t narrow(float value) { return float_to_bf16(value); }
+};
+struct fp16_format {
+  GPT2_HOST_DEVICE static float widen(std::uint16_t bits) { return fp16_to_float(bits); }
+  GPT2_HOST_DEVICE static std::uint16_t narrow(float value) { return float_to_fp16(value); }
 };
 
-// acc[i] = bf16(acc[i] + scale * g[i]), one fused multiply-add rounded once (chunkwise's accumulate_scaled): a pass's
-// fp32 gradients added into the runtime's bf16 accumulators.
-struct accumulate_bf16 {
+// out[i] = in[i] widened: a pass's 16-bit parameters as the fp32 the passes compute with.
+template <class Format>
+struct widen_16 {
+  float* out;
+  const std::uint16_t* in;
+  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = Format::widen(in[i]); }
+};
+
+// acc[i] = 16-bit(acc[i] + scale * g[i]), one fused multiply-add rounded once (chunkwise's accumulate_scaled): a
+// pass's fp32 gradients added into the runtime's 16-bit accumulators (scale: fp16's loss scale).
+template <class Format>
+struct accumulate_16 {
   std::uint16_t* acc;
   const float* g;
   float scale;
-  GPT2_HOST_DEVICE void operator()(index i) const { acc[i] = float_to_bf16(fmaf(scale, g[i], bf16_to_float(acc[i]))); }
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    acc[i] = Format::narrow(fmaf(scale, g[i], Format::widen(acc[i])));
+  }
 };
 
 inline constexpr float layernorm_eps = 1e-5f;

@@ -59,12 +59,14 @@ class device_workspace {
   /// already holds that tensor at `version`: any number that changes whenever the host parameters do (the
   /// optimizer's step count).
   float* parameter(std::size_t tensor, const float* host, std::uint64_t version);
-  /// The staging area's parameter slot at `offset`, holding the bf16 values at `device` (raw bits, device memory:
-  /// the runtime's chunks under --dtype bf16) widened to fp32.
-  float* widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements);
-  /// device[i] = bf16(device[i] + scale * gradient slot at `offset`[i]), rounded once: a pass's gradients added into
-  /// bf16 accumulators in device memory (scale: the runtime's loss scale).
-  void add_gradient_to_bf16(std::uint16_t* device, std::size_t offset, std::size_t elements, float scale);
+  /// The staging area's parameter slot at `offset`, holding the 16-bit values at `device` (raw bits of `type`, bf16
+  /// or fp16; device memory: the runtime's chunks under --dtype bf16 or fp16) widened to fp32.
+  float* widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements,
+                           chunkwise::dtype type);
+  /// device[i] = type(device[i] + scale * gradient slot at `offset`[i]), rounded once: a pass's gradients added into
+  /// bf16 or fp16 accumulators in device memory (scale: the runtime's loss scale).
+  void add_gradient_to_16bit(std::uint16_t* device, std::size_t offset, std::size_t elements, float scale,
+                             chunkwise::dtype type);
   /// The staging area's gradient slot at `offset`, zeroed: a pass accumulates into it.
   float* zeroed_gradient(std::size_t offset, std::size_t elements);
   /// host[i] += gradient slot at `offset`[i]: a pass's gradients added to the trainer's (which accumulate, as the

@@ -469,18 +469,35 @@ void device_workspace::add_gradient_to(float* host, std::size_t offset, std::siz
   state_->pipe.download_add(host, device_detail::staged_gradient(*state_, offset, elements), elements);
 }
 
-float* device_workspace::widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements) {
+namespace device_detail {
+// f(format) with the device_kernels format of a 16-bit chunk type.
+template <class F>
+void visit_16bit(chunkwise::dtype type, F&& f) {
+  if (type == chunkwise::dtype::bf16) return f(device_kernels::bf16_format{});
+  if (type == chunkwise::dtype::fp16) return f(device_kernels::fp16_format{});
+  chunkwise::throw_error(chunkwise::error_code::invalid_argument,
+                         std::string("GPT-2 device passes: 16-bit chunks are bf16 or fp16, not ") +
+                             std::string(chunkwise::to_string(type)));
+}
+}  // namespace device_detail
+
+float* device_workspace::widened_parameter(std::size_t offset, const std::uint16_t* device, std::size_t elements,
+                                           chunkwise::dtype type) {
   auto& s = *state_;
   device_detail::check_staging(offset, elements, s.staging);
   float* widened = s.staged_parameters.get(s.staging) + offset;
-  device_kernels::for_each_index(elements, device_kernels::widen_bf16{widened, device});
+  device_detail::visit_16bit(type, [&]<class Format>(Format) {
+    device_kernels::for_each_index(elements, device_kernels::widen_16<Format>{widened, device});
+  });
   return widened;
 }
 
-void device_workspace::add_gradient_to_bf16(std::uint16_t* device, std::size_t offset, std::size_t elements,
-                                            float scale) {
+void device_workspace::add_gradient_to_16bit(std::uint16_t* device, std::size_t offset, std::size_t elements,
+                                             float scale, chunkwise::dtype type) {
   const float* gradient = device_detail::staged_gradient(*state_, offset, elements);
-  device_kernels::for_each_index(elements, device_kernels::accumulate_bf16{device, gradient, scale});
+  device_detail::visit_16bit(type, [&]<class Format>(Format) {
+    device_kernels::for_each_index(elements, device_kernels::accumulate_16<Format>{device, gradient, scale});
+  });
 }
 
 void device_workspace::synchronize() { state_->matmul.synchronize(); }

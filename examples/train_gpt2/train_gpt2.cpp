@@ -39,11 +39,11 @@
 //   machine that are stopped or gone)
 //   --global-batch N (rows of all ranks together, shared equally; the same batches on any rank count)
 //   --backend host|cuda (host: the passes on the CPU; cuda: the passes on the GPU (device_model.hpp: Thrust functors,
-//   cuBLAS in fp32), where the build has CUDA. One rank, fp32 or bf16: the chunks live in the GPU's memory under the
-//   device budget (runtime<Plan, gpu_backend>), the passes compute on them in place (bf16 widened on the device) and
-//   the fused CUDA Adam updates the states there (the CPU's Adam those offloaded or streamed). Several thread ranks
-//   or fp16 (or --gpu-chunks off): chunk memory and the optimizer stay in the host backend's tiers, each pass's
-//   parameters copied to the GPU and its gradients back)
+//   cuBLAS in fp32), where the build has CUDA. One rank (or NCCL's processes): the chunks live in the GPU's memory
+//   under the device budget (runtime<Plan, gpu_backend>), the passes compute on them in place (bf16 and fp16 widened
+//   on the device) and the fused CUDA Adam updates the states there (the CPU's Adam those offloaded or streamed).
+//   Several thread ranks (or --gpu-chunks off): chunk memory and the optimizer stay in the host backend's tiers, each
+//   pass's parameters copied to the GPU and its gradients back)
 #include <chunkwise/comm/thread_comm.hpp>
 #include <chunkwise/optim/schedule.hpp>
 #include <chunkwise/plan/dispatch.hpp>
@@ -227,9 +227,9 @@ options parse(int argc, char** argv) {
   o.ranks_here = o.ranks;
   if (o.comm != "threads" && o.comm != "mpi" && o.comm != "nccl")
     throw_error(error_code::invalid_argument, "--comm '" + o.comm + "': use threads, mpi or nccl");
-  if (o.comm == "nccl" && (o.backend != "cuda" || o.type == dtype::fp16))
+  if (o.comm == "nccl" && o.backend != "cuda")
     throw_error(error_code::invalid_argument, "--comm nccl: NCCL reduces the chunks in GPU memory; it goes with "
-                                              "--backend cuda and --dtype fp32 or bf16");
+                                              "--backend cuda");
   if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
     throw_error(error_code::invalid_argument, "--comm-timeout: seconds > 0, got " + std::to_string(o.comm_timeout));
   if (o.global_batch != 0 && o.batch_given)
@@ -280,12 +280,12 @@ byte_count activation_bytes(const gpt2::model_config& config) {
   return gpt2::trace_profile(config).peak_activation_bytes();
 }
 
-/// --backend cuda at one rank, or on NCCL's processes (which reduce device memory only), in fp32 or bf16: the chunks
-/// in the GPU's memory, the passes computing on them there. Several thread ranks on one GPU would need a
-/// communicator whose collectives read device memory; fp16 chunks, device passes with loss-scaled fp16.
+/// --backend cuda at one rank, or on NCCL's processes (which reduce device memory only): the chunks in the GPU's
+/// memory, the passes computing on them there. Several thread ranks on one GPU would need a communicator whose
+/// collectives read device memory.
 bool runs_on_device_chunks(const options& o) {
 #if CHUNKWISE_GPT2_CUDA
-  return o.backend == "cuda" && o.type != dtype::fp16 && (o.comm == "nccl" || (o.gpu_chunks && o.ranks == 1));
+  return o.backend == "cuda" && (o.comm == "nccl" || (o.gpu_chunks && o.ranks == 1));
 #else
   (void)o;
   return false;
@@ -293,10 +293,11 @@ bool runs_on_device_chunks(const options& o) {
 }
 
 /// Device memory the passes hold beside their activations for the whole run, which the plan charges with them: on
-/// bf16 device chunks, the staging areas the parameters are widened into and the gradients are computed in.
+/// 16-bit (bf16, fp16) device chunks, the staging areas the parameters are widened into and the gradients are
+/// computed in.
 byte_count device_pass_staging_bytes(const options& o) {
 #if CHUNKWISE_GPT2_CUDA
-  if (runs_on_device_chunks(o) && o.type == dtype::bf16) return gpt2::device_workspace::staging_bytes(o.model);
+  if (runs_on_device_chunks(o) && o.type != dtype::fp32) return gpt2::device_workspace::staging_bytes(o.model);
 #endif
   (void)o;
   return 0;
@@ -387,7 +388,7 @@ void print_memory(const options& o, const model_profile& model, byte_count budge
   if (scratch > 0)
     staging_note = ", the device passes' scratch (" + format_bytes(scratch) + ": token arrays, row sums, cuBLAS's "
                    "workspace)" + (staging > 0 ? " and" : "");
-  if (staging > 0) staging_note += " bf16 staging areas (" + format_bytes(staging) + ")";
+  if (staging > 0) staging_note += " 16-bit chunks' staging areas (" + format_bytes(staging) + ")";
   if (!staging_note.empty()) staging_note += " included";
   std::printf("training state %s, as the planner counts it: parameters %s + gradients %s (%s)%s + Adam's m and v %s "
               "(fp32);\n  activations %s at their peak%s\n", format_bytes(state).c_str(),
@@ -689,7 +690,7 @@ class step_passes {
     }
 #if CHUNKWISE_GPT2_CUDA
     if (o.backend != "cuda") return;
-    // On the runtime's device chunks the activations (and bf16's staging areas) are in its device tier (the GPU's)
+    // On the runtime's device chunks the activations (and 16-bit staging areas) are in its device tier (the GPU's)
     // too, where the plan charged them; staged from host chunks, the runtime's device is host memory, and the
     // device passes keep their own.
     gpt2::device_workspace::lent_memory lent;
@@ -700,7 +701,7 @@ class step_passes {
                                                                             "workspace");
       lent.scratch = scratch_memory_.data();
       if (const byte_count staging = device_pass_staging_bytes(o); staging > 0) {
-        staging_memory_ = take_device_memory(rt, staging, "bf16 staging areas");
+        staging_memory_ = take_device_memory(rt, staging, "16-bit chunks' staging areas");
         lent.staging = staging_memory_.data();
       }
     }
@@ -724,7 +725,7 @@ class step_passes {
   void print_own_device_memory() const {
 #if CHUNKWISE_GPT2_CUDA
     if (!workspace_) return;
-    if (device_chunks)  // every buffer lent: the activations, the scratch, bf16's staging areas
+    if (device_chunks)  // every buffer lent: the activations, the scratch, 16-bit chunks' staging areas
       std::printf("device passes (rank 0): %s of device memory of their own, outside the device budget (all their "
                   "buffers are in the device tier the plan charged; the CUDA context is not counted)\n",
                   format_bytes(workspace_->own_device_bytes()).c_str());
