@@ -170,11 +170,10 @@ class device_chunk_executor {
   // A tensor's 16-bit parameters (or gradient accumulator) as the raw bits the workspace converts, at the passes'
   // address.
   std::uint16_t* chunk_bits(std::uint32_t tensor, chunkwise::dtype type, bool gradient) const {
-    const auto bits = [&]<class T>(T) {
+    return chunkwise::visit_element(type, "the device passes", [&]<class T>(T) {
       auto values = gradient ? rt_->template gradient<T>(tensor) : rt_->template parameter<T>(tensor);
       return device_.address(reinterpret_cast<std::uint16_t*>(values.data()));
-    };
-    return type == chunkwise::dtype::bf16 ? bits(chunkwise::bf16{}) : bits(chunkwise::fp16{});
+    });
   }
 
   Runtime* rt_;
