@@ -447,17 +447,16 @@ class held_stream {
 // Two steps of the toy at one rank on the isolated device, every pass acquired and released with nothing computed in
 // forward; in backward a "kernel" reads the pass's parameters and writes gradients from them (g = p / 2 + 1/16), where
 // `where` says. `trainer_waited` (default_stream only): whether backward's acquires and releases waited for the
-// default stream (they ran into the 5 s watchdog).
+// default stream (they ran into the 5 s watchdog). `cache`: the device cache's statistics at the end.
 template <class Plan>
-std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_waited = nullptr) {
+std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_waited = nullptr,
+                                                   chunkwise::cache_stats* cache = nullptr) {
   const auto model = toy::profile(toy::batch);
   thread_world world(1);
   isolated_comm comm(world.comm(0));
   runtime_options options;
-  // Streamed: 2 blocks for the 4 chunks; on the held default stream 4, as a fill into a block that a pass released
-  // waits for that pass's kernels (the cache's acquire waits on the host for its fill).
-  const std::size_t blocks = where == kernels::default_stream ? 4 : 2;
-  options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(blocks) : std::nullopt;
+  // Streamed: 2 blocks for the 4 chunks, so a released block is refilled while the pass's kernels may be queued.
+  options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(2) : std::nullopt;
   std::optional<isolated_default_stream::queued> queued_default;
   if (where == kernels::default_stream) queued_default.emplace();
   runtime<Plan, isolated_backend, isolated_comm> rt(model, comm, toy::initialize, options);
@@ -499,6 +498,7 @@ std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_
     }
     rt.step(1e-2f);
   }
+  if (cache != nullptr) *cache = rt.cache_stats();
   std::vector<std::vector<float>> parameters;
   for (std::uint32_t t = 0; t < model.tensors.size(); ++t) parameters.push_back(rt.read_parameters(t));
   return parameters;
@@ -523,7 +523,9 @@ TEST_CASE("gradient accumulators are made, zeroed and given back on the compute 
   // all of backward. The accumulators' zeroing and freeing queue there too; the synchronous forms (cudaMemset and
   // cudaFree on the per-thread stream, then a wait, as the runtime did) would wait for the held stream, and the
   // watchdog opens it after 5 s. The bits are the kernels' before their releases, for states on the device (the
-  // device optimizer queues behind the kernels), offloaded and streamed (every chunk in the cache's blocks).
+  // device optimizer queues behind the kernels), offloaded and streamed. Streamed, 2 blocks hold 4 chunks: a block a
+  // pass released is refilled on the copy stream after that pass's kernels, and the acquire leaves the fill for the
+  // default stream to wait on (device_cache::acquire_for); waiting for it on the host would meet the held stream.
   using on_device = on_toy<plan<toy_layout, resident, replicated, optimizer_follows_home>>;
   using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
   using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
@@ -535,8 +537,12 @@ TEST_CASE("gradient accumulators are made, zeroed and given back on the compute 
   CHECK(train_with_kernels<offloaded>(kernels::default_stream, &waited) == in_order);
   CHECK_FALSE(waited);
   waited = false;
-  CHECK(train_with_kernels<streamed>(kernels::default_stream, &waited) == in_order);
+  chunkwise::cache_stats cache;
+  CHECK(train_with_kernels<streamed>(kernels::default_stream, &waited, &cache) == in_order);
   CHECK_FALSE(waited);
+  INFO(cache.summary());
+  CHECK(cache.evictions > 0);       // blocks were refilled
+  CHECK(cache.stream_ordered > 0);  // fills still in flight at their acquire, waited for on the default stream
 }
 
 TEST_CASE("checkpoints move between a device the host cannot address and the host backend, bit for bit") {

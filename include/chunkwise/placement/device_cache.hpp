@@ -50,7 +50,8 @@ struct cache_stats {
   std::uint64_t invalidations = 0;  // cached copies dropped because their home changed
   byte_count bytes_home_to_device = 0;
   byte_count bytes_device_to_home = 0;
-  std::chrono::nanoseconds stall_time{0};  // time acquire waited for a fetch
+  std::uint64_t stream_ordered = 0;  // acquire_for: a fetch in flight left for the consumer's stream to wait on
+  std::chrono::nanoseconds stall_time{0};  // time acquire waited for a fetch (acquire_for: to queue the wait)
   std::string_view home_space{};           // the tier the bytes moved from and to ("nvme", "pinned_host", ...)
   [[nodiscard]] std::uint64_t fetches() const noexcept { return misses + prefetches; }
 
@@ -64,7 +65,8 @@ struct cache_stats {
            std::to_string(write_backs) + " write-backs, " + std::to_string(invalidations) + " invalidations, " +
            std::to_string(departures) + " departures; " + home +
            "->device " + format_bytes(bytes_home_to_device) + ", device->" + home + " " +
-           format_bytes(bytes_device_to_home) + "; stalled " + stalled;
+           format_bytes(bytes_device_to_home) + "; stalled " + stalled +
+           (stream_ordered > 0 ? ", " + std::to_string(stream_ordered) + " fetches waited for in stream order" : "");
   }
 };
 
@@ -123,20 +125,22 @@ class device_cache {
 
   /// The device block holding chunk `chunk`, its bytes ready. The chunk stays put until the matching release.
   void* acquire(std::uint32_t chunk) {
-    check_chunk(chunk, "acquire");
-    const std::int32_t b = map_for_access(chunk);
-    auto& slot = blocks_[static_cast<std::size_t>(b)];
-    ++slot.acquired;  // before the wait: a prefetch below must not take this block
-    slot.last_use = ++tick_;
-    if (!slot.fetch.ready()) {
-      const auto start = std::chrono::steady_clock::now();
-      await_fetch(slot, chunk);
-      stats_.stall_time += std::chrono::steady_clock::now() - start;
-    } else {
-      await_fetch(slot, chunk);  // ready: rethrows a failed fetch
-    }
-    prefetch();
-    return slot.memory;
+    return acquire_block(chunk, "acquire", [](const transfer_type&) { return false; });
+  }
+
+  /// acquire() for device work queued on `stream`, a stream of the engine's backend (the trainer's kernels on its
+  /// compute stream): a fetch still in flight that completes with an event is left for `stream` to wait on, so the
+  /// calling thread goes on queuing work while the copy runs. A fetch that completes on a host thread (an NVMe
+  /// read, a copy ordered after an update on the host) is waited for here, as by acquire(). Work on `stream` reads
+  /// the block; the host may not until that work has run.
+  template <class Stream>
+  void* acquire_for(std::uint32_t chunk, Stream&& stream) {
+    return acquire_block(chunk, "acquire_for", [&](const transfer_type& fetch) {
+      if (!fetch.is_event()) return false;
+      engine_.backend().wait_on(stream, fetch.event());
+      ++stats_.stream_ordered;
+      return true;
+    });
   }
 
   /// Acquires `chunk` like acquire() but returns at once with its block and the fetch that fills it (complete when
@@ -394,6 +398,26 @@ class device_cache {
     slot.last_use = ++tick_;
     chunk_block_[chunk] = b;
     stats_.bytes_home_to_device += options_.chunk_bytes;
+  }
+
+  // One acquire of `chunk`: its block, mapped and counted; a fetch in flight is handed to `order_after` (true when it
+  // ordered the consumer after it) or waited for. Counted as acquired before the wait: a prefetch must not take it.
+  template <class OrderAfter>
+  void* acquire_block(std::uint32_t chunk, const char* what, OrderAfter order_after) {
+    check_chunk(chunk, what);
+    const std::int32_t b = map_for_access(chunk);
+    auto& slot = blocks_[static_cast<std::size_t>(b)];
+    ++slot.acquired;
+    slot.last_use = ++tick_;
+    if (!slot.fetch.ready()) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!order_after(slot.fetch)) await_fetch(slot, chunk);
+      stats_.stall_time += std::chrono::steady_clock::now() - start;
+    } else {
+      await_fetch(slot, chunk);  // ready: rethrows a failed fetch
+    }
+    prefetch();
+    return slot.memory;
   }
 
   // Waits for the block's fetch; a failed fetch unmaps the chunk (the block is free again) and rethrows.

@@ -106,6 +106,14 @@ class home_storage {
     if (!streamed(c)) return residents_[c].param.template data<std::byte>();
     return streamed_->acquire(local(c));
   }
+  /// acquire(c) for the trainer's kernels on the backend's compute stream (a GPU's legacy default stream, which
+  /// every blocking stream is ordered with): where the host cannot address the device, a cache block's fetch still
+  /// in flight is left for that stream to wait on, so the trainer's thread goes on queuing kernels. The host
+  /// backend's trainer reads the chunk on its own thread at once: it waits here.
+  std::byte* acquire_for_kernels(std::uint32_t c) {
+    if constexpr (backend_parts<Backend>::device_is_host_memory) return acquire(c);
+    else return streamed(c) ? streamed_->acquire_for_kernels(local(c)) : acquire(c);
+  }
   void release(std::uint32_t c) {
     if (streamed(c)) streamed_->release(local(c));
   }
@@ -219,6 +227,7 @@ class home_storage {
   struct absent {
     std::size_t chunks() const noexcept { return 0; }
     std::byte* acquire(std::uint32_t) { return nullptr; }
+    std::byte* acquire_for_kernels(std::uint32_t) { return nullptr; }
     void release(std::uint32_t) {}
     std::pair<std::byte*, transfer<Backend>> acquire_ahead(std::uint32_t) { return {}; }
     std::size_t blocks() const noexcept { return 0; }

@@ -92,7 +92,8 @@ class parameter_fetches {
       b.compute = b.full.template data<std::byte>();
     } else {
       b.life.start_fetch();
-      b.compute = lend_home(b);
+      b.home_held = homes_->streamed(b.index);
+      b.compute = homes_->acquire_for_kernels(b.index);  // only the trainer's kernels read it
     }
   }
   /// fetching -> ready: the gather arrived; the gathered copy is what the trainer reads, the home block goes back.

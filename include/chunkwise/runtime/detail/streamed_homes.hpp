@@ -128,6 +128,11 @@ class streamed_homes {
 
   /// The device copy of chunk c's working parameters (param_elements[c] elements), until release(c).
   std::byte* acquire(std::uint32_t c) { return static_cast<std::byte*>(cache_->acquire(c)); }
+  /// acquire(c) for the trainer's kernels, which run on the backend's compute stream: a fetch still in flight is
+  /// waited for there, not here, unless it completes on a host thread (device_cache::acquire_for).
+  std::byte* acquire_for_kernels(std::uint32_t c) {
+    return static_cast<std::byte*>(cache_->acquire_for(c, engine_->backend().compute()));
+  }
   void release(std::uint32_t c) { cache_->release(c); }
   /// acquire(c) without waiting for the block's fetch: its memory and the fetch, for a consumer that orders itself
   /// after it (a gather prefetched from the block); release(c) after the consumer is done.
