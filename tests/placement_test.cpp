@@ -10,9 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <list>
 #include <map>
+#include <memory>
 #include <random>
 #include <chrono>
 #include <thread>
@@ -407,4 +410,48 @@ TEST_CASE("write-backs and refills wait for the device work named at release") {
   CHECK(matches_random(rig.homes[0], chunk_bytes, 4242));
   CHECK(matches_random(cache.acquire(0), chunk_bytes, 4242));
   cache.release(0);
+}
+
+TEST_CASE("acquire_for leaves a fetch in flight to the consumer's stream; a fetch done on a host thread is waited for") {
+  pinned_rig rig(2, 1);
+  host_stream compute;  // the consumer's stream (a GPU's compute stream)
+  auto cache = rig.cache({0, 1}, {.blocks = 1, .prefetch_depth = 0});
+
+  // The copy stream is held shut: the fetch of chunk 0 cannot run until the gate opens (after 5 s at the latest).
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  rig.backend.h2d().enqueue([opened] { opened.wait(); });
+  std::atomic<bool> gate_open{false};
+  std::promise<void> returned;
+  std::thread watchdog([&] {
+    (void)returned.get_future().wait_for(std::chrono::seconds(5));
+    gate_open = true;
+    gate.set_value();
+  });
+  void* block = cache.acquire_for(0, compute);
+  const bool returned_before_the_fetch = !gate_open;
+  returned.set_value();
+  bool consumer_saw_chunk = false;
+  compute.enqueue([&] { consumer_saw_chunk = matches_random(block, chunk_bytes, 0); });
+  watchdog.join();
+  compute.synchronize();
+  CHECK(returned_before_the_fetch);
+  CHECK(consumer_saw_chunk);  // the stream waited for the fetch
+  CHECK(cache.stats().stream_ordered == 1);
+  cache.release(0, false, transfer<host_backend>::after_event(rig.backend, rig.backend.record(compute)));
+
+  // Chunk 1's home is being changed on a host thread: its fetch is ordered after that change, through a mover,
+  // and completes on the host; no stream can wait for it, so acquire_for waits until the new bytes are in the block.
+  auto changed = std::make_shared<completion>();
+  cache.invalidate(1, transfer<host_backend>::after_completion(changed));
+  std::thread updater([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fill_random(rig.homes[1], chunk_bytes, 77);
+    changed->complete();
+  });
+  const void* updated = cache.acquire_for(1, compute);
+  CHECK(matches_random(updated, chunk_bytes, 77));  // read at once on the host: the fetch had landed
+  CHECK(cache.stats().stream_ordered == 1);
+  cache.release(1);
+  updater.join();
 }
