@@ -261,6 +261,68 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
           0.0);
   }
 }
+TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute the per-element stages' values") {
+  // The descriptors the GPU hands cuBLAS, run by reference_gemm (cuBLAS's definition in loops), against the stages
+  // the host build runs: B = 2 sequences of T = 5 positions, 2 heads of 4 channels. Differences are fp32 rounding
+  // (alpha scales the sum, the stage each term); a wrong stride or leading dimension reads another head or position.
+  using namespace gpt2::device_kernels;
+  using index = gpt2::device_kernels::index;  // not POSIX's index()
+  namespace products = gpt2::attention_products;
+  const attention_geometry g{5, 8, 2};
+  const index B = 2, T = g.T, C = g.C, NH = g.NH, blocks = B * NH * T * T, channels = B * T * C;
+  std::vector<float> qkv(B * T * 3 * C), dout(channels), dqkv_start(qkv.size());
+  std::uint32_t seed = 7;
+  const auto random = [&] {
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) - 0.5f;
+  };
+  for (auto* v : {&qkv, &dout, &dqkv_start}) std::generate(v->begin(), v->end(), random);
+  const auto for_all = [](index n, const auto& stage) {
+    for (index i = 0; i < n; ++i) stage(i);
+  };
+  const auto run_products = [&](auto make) {
+    for (index b = 0; b < B; ++b) products::reference_gemm(make(b));
+  };
+  const auto close = [](const std::vector<float>& got, const std::vector<float>& expected, auto used) {
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (used(i)) REQUIRE(got[i] == doctest::Approx(expected[i]).epsilon(1e-5).scale(1.0));
+  };
+  const auto causal = [&](std::size_t i) { return i % T <= (i / T) % T; };  // t2 <= t in (B, NH, T, T)
+  const auto every = [](std::size_t) { return true; };
+
+  std::vector<float> preatt(blocks, 0.0f), preatt_products(blocks, 0.0f);
+  for_all(blocks, attention_scores{preatt.data(), qkv.data(), g});
+  run_products([&](index b) { return products::scores(g, qkv.data(), preatt_products.data(), b); });
+  close(preatt_products, preatt, causal);
+
+  std::vector<float> att(blocks, 1e3f);  // past t the softmax must write zeros: the products add every position
+  for_all(B * NH * T, attention_softmax{att.data(), preatt.data(), T});
+  for (std::size_t i = 0; i < att.size(); ++i)
+    if (!causal(i)) REQUIRE(att[i] == 0.0f);
+  std::vector<float> out(channels), out_products(channels);
+  for_all(channels, attention_values{out.data(), att.data(), qkv.data(), g});
+  run_products([&](index b) { return products::values(g, att.data(), qkv.data(), out_products.data(), b); });
+  close(out_products, out, every);
+
+  std::vector<float> datt(blocks, 0.0f), datt_products(blocks, 0.0f), dpreatt(blocks, 0.0f);
+  for_all(blocks, attention_backward_weights{datt.data(), dout.data(), qkv.data(), g});
+  run_products([&](index b) {
+    return products::attention_weights_backward(g, dout.data(), qkv.data(), datt_products.data(), b);
+  });
+  close(datt_products, datt, causal);
+  for_all(B * NH * T, attention_backward_softmax{dpreatt.data(), datt.data(), att.data(), T});
+
+  std::vector<float> dqkv = dqkv_start, dqkv_products = dqkv_start;  // both add to what is there
+  for_all(channels, attention_backward_queries{dqkv.data(), dpreatt.data(), qkv.data(), g});
+  for_all(channels,
+          attention_backward_keys_values{dqkv.data(), dpreatt.data(), att.data(), dout.data(), qkv.data(), g});
+  float* dq = dqkv_products.data();
+  run_products([&](index b) { return products::queries_backward(g, dpreatt.data(), qkv.data(), dq, b); });
+  run_products([&](index b) { return products::keys_backward(g, dpreatt.data(), qkv.data(), dq, b); });
+  run_products([&](index b) { return products::values_backward(g, att.data(), dout.data(), dq, b); });
+  close(dqkv_products, dqkv, every);
+  CHECK(dqkv != dqkv_start);
+}
 #else
 TEST_CASE("GPT-2's device passes: not built (no Thrust headers: the CUDA toolkit's CCCL or Debian's libthrust-dev)") {
   MESSAGE("skipped: Thrust not found at configure time");

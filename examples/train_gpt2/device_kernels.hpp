@@ -435,7 +435,8 @@ struct attention_scores {
   }
 };
 
-// Forward 2: att = softmax over t2 <= t of preatt, one row per index.
+// Forward 2: att = softmax over t2 <= t of preatt, and 0 past t (what a product over the whole row then adds for the
+// masked positions: attention_products.hpp), one row per index.
 struct attention_softmax {
   float* att;
   const float* preatt;
@@ -453,6 +454,7 @@ struct attention_softmax {
       a[t2] = e;
     }
     for (index t2 = 0; t2 <= t; ++t2) a[t2] /= expsum;
+    for (index t2 = t + 1; t2 < T; ++t2) a[t2] = 0;
   }
 };
 

@@ -3,6 +3,8 @@
 // GPU) or a host test compiled with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP. Each pass is gpt2_model.hpp's,
 // line for line, with its loops as device_kernels.hpp's functors and its matrix products through `matmul_context`:
 // cuBLAS in fp32 (no TF32, so the GPU agrees with the CPU to fp32 rounding) on the GPU, the CPU loops on the host.
+// Attention's products are cuBLAS's strided batched ones on the GPU (attention_products.hpp), its stages on the host.
+#include "attention_products.hpp"
 #include "device_kernels.hpp"
 #include "device_model.hpp"
 
@@ -89,6 +91,20 @@ class matmul_context {
            "GPT-2 matmul backward (weight)");
     });
     if (dbias != nullptr) for_each_index(OC, device_kernels::bias_backward{dbias, dout, rows, OC});
+  }
+  /// One of attention's strided batched products (attention_products.hpp), in fp32 whatever bf16_products says: the
+  /// CPU's bf16 path computes attention in fp32 loops too.
+  void run(const attention_products::strided_gemm& p, const char* what) {
+    const auto op = [](bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    const auto stride = [](index n) { return static_cast<long long>(n); };
+    device_kernels::kernel_times::instance().time("cuBLAS attention products", [&] {
+      CHUNKWISE_CUBLAS_TRY(cublasSgemmStridedBatched(handle_, op(p.transpose_a), op(p.transpose_b), to_int(p.m),
+                                                     to_int(p.n), to_int(p.k), &p.alpha, p.a, to_int(p.lda),
+                                                     stride(p.stride_a), p.b, to_int(p.ldb), stride(p.stride_b),
+                                                     &p.beta, p.c, to_int(p.ldc), stride(p.stride_c),
+                                                     to_int(p.batch)),
+                           what);
+    });
   }
   /// Waits for the passes' work (the default stream: kernels, products, the staging's copies), not for the runtime's
   /// own streams, whose prefetches go on beside the next pass.
@@ -439,6 +455,50 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
   for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, dout, inp, mean, rstd, rows, s.C});
 }
 
+// Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one strided batch of
+// the NH heads per sequence (attention_products.hpp); on the host the per-element stages, in the CPU loops' order.
+inline void attention_forward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* out,
+                              float* preatt, float* att, const float* qkv) {
+  using namespace device_kernels;
+  const index B = s.B;
+#if defined(__CUDACC__)
+  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::scores(g, qkv, preatt, b), "GPT-2 attention scores");
+#else
+  for_each_index(B * g.NH * g.T * g.T, attention_scores{preatt, qkv, g});
+#endif
+  for_each_index(B * g.NH * g.T, attention_softmax{att, preatt, g.T});
+#if defined(__CUDACC__)
+  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::values(g, att, qkv, out, b), "GPT-2 attention values");
+#else
+  for_each_index(B * g.T * g.C, attention_values{out, att, qkv, g});
+#endif
+}
+
+// dqkv += the attention's gradient from dout; datt and dpreatt zeroed before (dpreatt stays 0 past t).
+inline void attention_backward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* dqkv,
+                               float* dpreatt, float* datt, const float* dout, const float* qkv, const float* att) {
+  using namespace device_kernels;
+  namespace products = attention_products;
+  const index B = s.B;
+#if defined(__CUDACC__)
+  for (index b = 0; b < B; ++b)
+    s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, b), "GPT-2 attention backward (weights)");
+#else
+  for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
+#endif
+  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T});
+#if defined(__CUDACC__)
+  for (index b = 0; b < B; ++b) {
+    s.matmul.run(products::queries_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
+    s.matmul.run(products::keys_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (keys)");
+    s.matmul.run(products::values_backward(g, att, dout, dqkv, b), "GPT-2 attention backward (values)");
+  }
+#else
+  for_each_index(B * g.T * g.C, attention_backward_queries{dqkv, dpreatt, qkv, g});
+  for_each_index(B * g.T * g.C, attention_backward_keys_values{dqkv, dpreatt, att, dout, qkv, g});
+#endif
+}
+
 }  // namespace device_detail
 
 float* device_workspace::parameter(std::size_t tensor, const float* host, std::uint64_t version) {
@@ -551,10 +611,7 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
 
   device_detail::layernorm_forward(s, ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], BT);
   s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
-  const device_kernels::attention_geometry geometry{T, C, NH};
-  for_each_index(B * NH * T * T, device_kernels::attention_scores{preatt, qkv, geometry});
-  for_each_index(B * NH * T, device_kernels::attention_softmax{att, preatt, T});
-  for_each_index(BTC, device_kernels::attention_values{atty, att, qkv, geometry});
+  device_detail::attention_forward(s, attention_geometry{T, C, NH}, atty, preatt, att, qkv);
   s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
   for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
   device_detail::layernorm_forward(s, ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], BT);
@@ -650,12 +707,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   for_each_index(BTC, device_kernels::residual_backward{dresidual, raw(s.dattproj), raw(s.dresidual2)});
   s.matmul.backward(raw(s.datty), g[attn_c_proj_weight], g[attn_c_proj_bias], raw(s.dattproj), atty,
                     p[attn_c_proj_weight], BT, C, C);
-  const device_kernels::attention_geometry geometry{T, C, NH};
-  for_each_index(B * NH * T * T, device_kernels::attention_backward_weights{raw(s.datt), raw(s.datty), qkv, geometry});
-  for_each_index(B * NH * T, device_kernels::attention_backward_softmax{raw(s.dpreatt), raw(s.datt), att, T});
-  for_each_index(BTC, device_kernels::attention_backward_queries{raw(s.dqkv), raw(s.dpreatt), qkv, geometry});
-  for_each_index(BTC, device_kernels::attention_backward_keys_values{raw(s.dqkv), raw(s.dpreatt), att, raw(s.datty),
-                                                                     qkv, geometry});
+  device_detail::attention_backward(s, device_kernels::attention_geometry{T, C, NH}, raw(s.dqkv), raw(s.dpreatt),
+                                    raw(s.datt), raw(s.datty), qkv, att);
   s.matmul.backward(raw(s.dln1), g[attn_c_attn_weight], g[attn_c_attn_bias], raw(s.dqkv), ln1, p[attn_c_attn_weight],
                     BT, C, 3 * C);
   device_detail::layernorm_backward(s, dresidual, g[ln_1_weight], g[ln_1_bias], raw(s.dln1), residual, p[ln_1_weight],
