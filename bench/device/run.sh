@@ -2,13 +2,16 @@
 # The GPU session's one prepared check, for a bare H200 machine that reaches no network: build with CUDA, run the
 # CUDA tests under compute-sanitizer's memcheck, then GPT-2 at the 124M shape (12 layers, 768 channels, 12 heads,
 # GPT-2's 50257 tokens padded to 50304, context 256, batch 4):
-#   1. the loss after 4 steps, train_gpt2 --backend cuda (resident, and streamed under a 2 GiB device budget, below its 3.4 GB of training state and activations)
-#      against --backend host: relative difference;
-#   2. tokens/s and model FLOPs utilisation of --backend cuda, beside PyTorch on the same GPU and shape (Hugging
-#      Face's GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run.
+#   1. the loss after 4 steps, train_gpt2 --backend cuda (resident, and streamed under a 2 GiB device budget, below
+#      its 3.4 GB of training state and activations) against --backend host: relative difference;
+#   2. tokens/s and model FLOPs utilisation of --backend cuda, beside PyTorch on the same GPU (Hugging Face's
+#      GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run: fp32 at that shape (and FSDP
+#      with CPU offload against the streamed run), and bf16 at the throughput shape, batch 8 at context 1024.
 # Last line: device mfu=M tokens_per_s=T speedup_vs_torch=A speedup_vs_fsdp_offload=B loss_rel_diff=D
-# MFU against the H200's dense fp32 peak without tensor cores (67e12, PEAK_FLOPS): the passes run in fp32; a line
-# before it gives --dtype bf16's (bf16 tensor-core products) against the bf16 dense peak (790e12, BF16_PEAK_FLOPS).
+# mfu, tokens_per_s and speedup_vs_torch: --dtype bf16 (bf16 tensor-core products) at the throughput shape against
+# the bf16 dense peak (790e12, BF16_PEAK_FLOPS) and PyTorch's bf16 autocast there; speedup_vs_fsdp_offload: the
+# streamed fp32 run against FSDP with CPU offload. Lines before it give fp32's MFU against the dense fp32 peak
+# without tensor cores (67e12, PEAK_FLOPS) and bf16's at the small shape.
 #
 # What the machine lacks travels with the working tree, made by bench/device/prepare.sh on a workstation: Debian's
 # doctest-dev and nlohmann-json3-dev as .deb files in .device-debs/, unpacked into a prefix the build finds, and a
@@ -116,6 +119,10 @@ run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
 run_trainer cuda_mirror --backend cuda --gpu-chunks off --steps 4 --device-budget 0
 # bf16 chunks and bf16 tensor-core products (fp32 sums): the MFU against the H200's bf16 dense peak (BF16_PEAK_FLOPS)
 run_trainer cuda_bf16 --backend cuda --dtype bf16 --steps 6 --device-budget 0
+# The throughput shape, where the states fit and the MFU is judged: bf16 at batch 8, context 1024 (8192 tokens a
+# step; batch 4 at context 256 is too little work a step for any GPU trainer to approach the peak), beside
+# PyTorch's bf16 autocast at the same shape (below)
+run_trainer cuda_bf16_wide --backend cuda --dtype bf16 --steps 6 --device-budget 0 --batch 8 --context 1024
 # fp16 chunks with loss scaling (fp32 products), beside the host backend's fp16 run
 run_trainer cuda_fp16 --backend cuda --dtype fp16 --steps 4 --device-budget 0
 run_trainer host_fp16 --backend host --dtype fp16 --steps 4 --device-budget 0
@@ -126,6 +133,10 @@ if [ -z "${SKIP_TORCH:-}" ]; then  # SKIP_TORCH=1: a call that measures only our
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
     --vocab 50257 --context 256 --batch 4 --steps 8 > "$logs/torch.log" 2>&1 || tail -30 "$logs/torch.log"
   grep '^torch' "$logs/torch.log"
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
+    --vocab 50257 --context 1024 --batch 8 --steps 6 --dtype bf16 --modes plain > "$logs/torch_wide.log" 2>&1 ||
+    tail -30 "$logs/torch_wide.log"
+  sed 's/^torch plain/torch bf16 wide/' "$logs/torch_wide.log" | grep '^torch'
 fi
 
 stamp "CUDA tests under compute-sanitizer memcheck (until the deadline)"
@@ -156,8 +167,10 @@ def median_ms(text):
 cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
 mirror, bf16 = read("train_cuda_mirror.log"), read("train_cuda_bf16.log")
 fp16, host_fp16 = read("train_cuda_fp16.log"), read("train_host_fp16.log")
-flops = re.search(r"([0-9.]+) GFLOP per step", cuda)
-flops = float(flops.group(1)) * 1e9 if flops else float("nan")
+def flops_of(text):
+    m = re.search(r"([0-9.]+) GFLOP per step", text)
+    return float(m.group(1)) * 1e9 if m else float("nan")
+flops = flops_of(cuda)
 tokens = 4 * 256
 host_loss = loss_at(host, 4)
 diffs = [abs(loss_at(t, 4) - host_loss) / host_loss for t in (cuda, streamed)]
@@ -179,12 +192,21 @@ print(f"bf16 (chunks and tensor-core products): median step {bf16_step*1e3:.1f} 
       f"mfu {flops/bf16_step/bf16_peak:.4f} of the bf16 dense peak; loss at step 4 {loss_at(bf16, 4):.6f}")
 print(f"fp16 (chunks, loss scaling): loss at step 4 {loss_at(fp16, 4):.6f}, host {loss_at(host_fp16, 4):.6f}; "
       f"median step {median_ms(fp16):.1f} ms")
-print(f"device mfu={flops/step/peak:.4f} tokens_per_s={tps:.0f} speedup_vs_torch={tps/torch_tps('plain'):.3f} "
+print(f"fp32: mfu {flops/step/peak:.4f} of the fp32 peak, speedup vs torch plain {tps/torch_tps('plain'):.3f}")
+wide, torch_wide = read("train_cuda_bf16_wide.log"), read("torch_wide.log")
+wide_step = median_ms(wide) * 1e-3
+wide_tps = 8 * 1024 / wide_step
+wide_mfu = flops_of(wide) / wide_step / bf16_peak
+m = re.search(r"torch plain tokens_per_s=([0-9.]+)", torch_wide)
+torch_wide_tps = float(m.group(1)) if m else float("nan")
+print(f"throughput shape (bf16, batch 8, context 1024): median step {wide_step*1e3:.1f} ms, {wide_tps:.0f} tokens/s, "
+      f"mfu {wide_mfu:.4f} of the bf16 dense peak; torch bf16 autocast {torch_wide_tps:.0f} tokens/s")
+print(f"device mfu={wide_mfu:.4f} tokens_per_s={wide_tps:.0f} speedup_vs_torch={wide_tps/torch_wide_tps:.3f} "
       f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
 PY
 # at most 8 files come back
 cp "$logs/summary.txt" "$logs/tests.txt" "$out/" 2>/dev/null
 for f in "$logs"/chunkwise_cuda_*.log "$logs"/memcheck_*.log "$logs/gpt2_device_host.log"; do echo "== $f"; cat "$f"; done > "$out/tests.log"
-for f in "$logs"/train_*.log "$logs/torch.log"; do echo "== $f"; cat "$f"; done > "$out/runs.log"
+for f in "$logs"/train_*.log "$logs/torch.log" "$logs/torch_wide.log"; do echo "== $f"; cat "$f"; done > "$out/runs.log"
 [ -f "$logs/build.log" ] && tail -c 200000 "$logs/build.log" > "$out/build.log"
 stamp "done"
