@@ -261,6 +261,31 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
           0.0);
   }
 }
+TEST_CASE("backward's bias sums on the device, by segments of rows, give the CPU's column sums bit for bit") {
+  // The GPU's bias backward (matmul_context::backward); the host build's products leave it to the CPU loops, so it is
+  // checked here alone: 150 rows (two whole segments and a partial one) of 37 columns, onto a nonzero dbias.
+  using namespace gpt2::device_kernels;
+  using index = gpt2::device_kernels::index;  // not POSIX's index()
+  const index rows = 150, OC = 37;
+  std::vector<float> dout(rows * OC), dbias(OC), expected;
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(static_cast<float>(i) * 0.37f) * 3.0f;
+  for (std::size_t o = 0; o < dbias.size(); ++o) dbias[o] = 0.25f * static_cast<float>(o);
+  expected = dbias;
+  gpt2::add_column_sums(expected.data(), dout.data(), rows, OC);
+  const column_segments segments{rows, OC};
+  REQUIRE(segments.count() == 3);
+  std::vector<float> parts(segments.count() * OC);
+  for (index i = 0; i < parts.size(); ++i) bias_backward_partials{parts.data(), dout.data(), segments}(i);
+  for (index o = 0; o < OC; ++o) bias_backward{dbias.data(), parts.data(), segments}(o);
+  CHECK(dbias == expected);
+  // The plain order, row after row, gives other bits: the test tells the orders apart.
+  std::vector<float> sequential(OC);
+  for (index o = 0; o < OC; ++o) sequential[o] = 0.25f * static_cast<float>(o);
+  for (index r = 0; r < rows; ++r)
+    for (index o = 0; o < OC; ++o) sequential[o] += dout[r * OC + o];
+  CHECK(sequential != expected);
+}
+
 TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute the per-element stages' values") {
   // The descriptors the GPU hands cuBLAS, run by reference_gemm (cuBLAS's definition in loops), against the stages
   // the host build runs: B = 2 sequences of T = 5 positions, 2 heads of 4 channels. Differences are fp32 rounding

@@ -225,6 +225,22 @@ struct encoder_backward {
   }
 };
 
+// Sums down the columns of a (rows, n) array in segments of rows: one (segment, column) per index computes a segment's
+// partial sum into parts[segment * n + column], one column per index adds them in order (matmul_engine.hpp's
+// add_column_sums and gpt2_model.hpp's layernorm_backward, which the CPU loops use): a column of thousands of rows is
+// the work of many threads, not one.
+struct column_segments {
+  index rows, n, segment = column_segment;
+  GPT2_HOST_DEVICE index count() const { return (rows + segment - 1) / segment; }
+  GPT2_HOST_DEVICE index begin(index s) const { return s * segment; }
+  GPT2_HOST_DEVICE index end(index s) const { return begin(s) + segment < rows ? begin(s) + segment : rows; }
+  GPT2_HOST_DEVICE float combine(const float* parts, index column) const {
+    float sum = 0;
+    for (index s = 0; s < count(); ++s) sum += parts[s * n + column];
+    return sum;
+  }
+};
+
 // Sums over a row in segments: one (row, segment) per index computes a segment's partial sum, one row per index
 // combines them in order (gpt2_model.hpp's segmented_sum, which the CPU loops use): a row of C or V columns is then
 // the work of many threads, not one.
@@ -350,23 +366,36 @@ struct layernorm_backward_input {
 
 // The weight's and bias's gradients, one channel per index, summed over the rows in order (in registers: a sum
 // kept in memory would make every row a dependent global read-modify-write).
-struct layernorm_backward_parameters {
-  float* dweight;
-  float* dbias;
+// Layer norm's parameter gradients, stage 1: per (segment, channel), the segment's partial sums of dout (dbias's, at
+// parts[0, count * C)) and of norm * dout (dweight's, after them).
+struct layernorm_backward_parameter_partials {
+  float* parts;
   const float* dout;
   const float* inp;
   const float* mean;
   const float* rstd;
-  index rows, C;
+  column_segments segments;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    float db = dbias[i], dw = dweight[i];
-    for (index row = 0; row < rows; ++row) {
-      const float d = dout[row * C + i];
+    const index C = segments.n, s = i / C, c = i % C;
+    float db = 0, dw = 0;
+    for (index row = segments.begin(s); row < segments.end(s); ++row) {
+      const float d = dout[row * C + c];
       db += d;
-      dw += (inp[row * C + i] - mean[row]) * rstd[row] * d;
+      dw += (inp[row * C + c] - mean[row]) * rstd[row] * d;
     }
-    dbias[i] = db;
-    dweight[i] = dw;
+    parts[i] = db;
+    parts[segments.count() * C + i] = dw;
+  }
+};
+// Stage 2: dbias += the segments' sums in order, dweight likewise; one channel per index.
+struct layernorm_backward_parameters {
+  float* dweight;
+  float* dbias;
+  const float* parts;
+  column_segments segments;
+  GPT2_HOST_DEVICE void operator()(index c) const {
+    dbias[c] += segments.combine(parts, c);
+    dweight[c] += segments.combine(parts + segments.count() * segments.n, c);
   }
 };
 
@@ -378,16 +407,24 @@ struct add_bias {
   GPT2_HOST_DEVICE void operator()(index i) const { out[i] += bias[i % OC]; }
 };
 
-// dbias[o] += sum over rows of dout[row, o]; one output channel per index.
+// dbias[o] += sum over rows of dout[row, o], stage 1: one (segment, output channel) per index.
+struct bias_backward_partials {
+  float* parts;
+  const float* dout;
+  column_segments segments;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index OC = segments.n, s = i / OC, o = i % OC;
+    float sum = 0;
+    for (index row = segments.begin(s); row < segments.end(s); ++row) sum += dout[row * OC + o];
+    parts[i] = sum;
+  }
+};
+// Stage 2: the segments' sums in order, one output channel per index.
 struct bias_backward {
   float* dbias;
-  const float* dout;
-  index rows, OC;
-  GPT2_HOST_DEVICE void operator()(index o) const {
-    float sum = dbias[o];
-    for (index row = 0; row < rows; ++row) sum += dout[row * OC + o];
-    dbias[o] = sum;
-  }
+  const float* parts;
+  column_segments segments;
+  GPT2_HOST_DEVICE void operator()(index o) const { dbias[o] += segments.combine(parts, o); }
 };
 
 // Causal self-attention, in stages that each give every output element its own index (the GPU needs hundreds of

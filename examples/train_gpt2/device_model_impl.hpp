@@ -90,8 +90,13 @@ class matmul_context {
       gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, rows, &one, inp, C, dout, OC, &one, dweight, C,
            "GPT-2 matmul backward (weight)");
     });
-    if (dbias != nullptr) for_each_index(OC, device_kernels::bias_backward{dbias, dout, rows, OC});
+    if (dbias == nullptr) return;
+    const device_kernels::column_segments segments{rows, OC};
+    for_each_index(segments.count() * OC, device_kernels::bias_backward_partials{column_parts_, dout, segments});
+    for_each_index(OC, device_kernels::bias_backward{dbias, column_parts_, segments});
   }
+  /// Where backward's bias sums keep their partial sums (scratch_layout's partial sums).
+  void use_column_parts(float* parts) noexcept { column_parts_ = parts; }
   /// One of attention's strided batched products (attention_products.hpp), in fp32 whatever bf16_products says: the
   /// CPU's bf16 path computes attention in fp32 loops too.
   void run(const attention_products::strided_gemm& p, const char* what) {
@@ -129,6 +134,7 @@ class matmul_context {
   cublasHandle_t handle_ = nullptr;
   std::string name_;
   bool bf16_products_;
+  float* column_parts_ = nullptr;
 };
 #else
 struct device_present {};  // the host system is always there
@@ -140,6 +146,7 @@ class matmul_context {
   [[nodiscard]] const char* name() const noexcept { return "OpenMP (host)"; }
   static constexpr std::size_t workspace_bytes = 0;  // the loops need none
   void use_workspace(void* /*memory*/) {}
+  void use_column_parts(float* /*parts: the loops sum in place*/) noexcept {}
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     kernels::matmul_forward(out, inp, weight, bias, 1, rows, C, OC);
   }
@@ -297,17 +304,20 @@ inline device_kernels::row_segments layernorm_segments(std::size_t channels) {
 }
 inline device_kernels::row_segments softmax_segments(std::size_t vocab) { return {vocab, kernels::softmax_segment}; }
 
-/// Where the scratch block's pieces lie (byte offsets): the token and target arrays (B*T ints each), the row
-/// reductions' partial sums (two per row and segment of the widest row: layer norm's C or the softmax's V columns)
-/// and statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
+/// Where the scratch block's pieces lie (byte offsets): the token and target arrays (B*T ints each), the reductions'
+/// partial sums (the rows': two per row and segment of the widest row, layer norm's C or the softmax's V columns; the
+/// columns': one per segment of rows and column of the widest, the MLP's 4C bias, or two for layer norm's C) and the
+/// rows' statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
 struct scratch_layout {
   explicit scratch_layout(const model_config& config) {
     const std::size_t rows = config.batch * config.context;
     const std::size_t segments =
         std::max(layernorm_segments(config.channels).per_row(), softmax_segments(config.vocab).per_row());
+    const std::size_t column_parts = device_kernels::column_segments{rows, 4 * config.channels}.count() * 4 *
+                                     config.channels;
     targets = rows * sizeof(int);
     row_parts = targets + rows * sizeof(int);
-    row_parts_elements = 2 * rows * segments;
+    row_parts_elements = std::max(2 * rows * segments, column_parts);
     row_stats = row_parts + row_parts_elements * sizeof(float);
     row_stats_elements = 2 * rows;
     blas_workspace = (row_stats + row_stats_elements * sizeof(float) + 255) / 256 * 256;
@@ -332,8 +342,8 @@ struct scratch_block {
   lent_or_owned memory;
   int* tokens;
   int* targets;
-  float* row_parts;  // the row reductions' scratch (layer norm's and the softmax's, one at a time): two sums per (row,
-  float* row_stats;  // segment), and two per row
+  float* row_parts;  // the reductions' partial sums (layer norm's, the softmax's, the column sums', one at a time)
+  float* row_stats;  // two per row
   void* blas_workspace;
 };
 
@@ -348,6 +358,7 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
         activations(config, activation_block::memory, activation_block::fill_zero()), scratch(config, lent.scratch),
         matmul(bf16_products), staging(staging_elements(config)) {
     matmul.use_workspace(scratch.blas_workspace);
+    matmul.use_column_parts(scratch.row_parts);
     if (lent.staging != nullptr) {
       staged_parameters.lent = lent.staging;
       staged_gradients.lent = lent.staging + staging;
@@ -452,7 +463,9 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
                  layernorm_backward_partials{parts, dout, inp, weight, mean, rstd, segments, rows});
   for_each_index(rows, layernorm_backward_means{means, parts, segments, rows});
   for_each_index(rows * s.C, layernorm_backward_input{dinp, dout, inp, weight, mean, rstd, means, rows, s.C});
-  for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, dout, inp, mean, rstd, rows, s.C});
+  const column_segments columns{rows, s.C};
+  for_each_index(columns.count() * s.C, layernorm_backward_parameter_partials{parts, dout, inp, mean, rstd, columns});
+  for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, parts, columns});
 }
 
 // Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one strided batch of

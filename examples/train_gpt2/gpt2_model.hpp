@@ -410,12 +410,17 @@ void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const
     }
 }
 
-// Serial: dweight and dbias sum over every (b, t).
+// Serial: dweight and dbias sum over every (b, t), by segments of column_segment rows as add_column_sums does.
 template <class Real>
 void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight,
                         const Real* mean, const Real* rstd, std::size_t B, std::size_t T, std::size_t C) {
+  std::vector<Real> total_dbias(C, Real(0)), total_dweight(C, Real(0)), part_dbias(C), part_dweight(C);
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
+      if ((b * T + t) % column_segment == 0) {
+        std::fill(part_dbias.begin(), part_dbias.end(), Real(0));
+        std::fill(part_dweight.begin(), part_dweight.end(), Real(0));
+      }
       const Real* dout_bt = dout + (b * T + t) * C;
       const Real* inp_bt = inp + (b * T + t) * C;
       Real* dinp_bt = dinp + (b * T + t) * C;
@@ -428,11 +433,17 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
                                    }) / Real(C);
       for (std::size_t i = 0; i < C; ++i) {
         const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
-        dbias[i] += dout_bt[i];
-        dweight[i] += norm * dout_bt[i];
+        part_dbias[i] += dout_bt[i];
+        part_dweight[i] += norm * dout_bt[i];
         dinp_bt[i] += (dnorm(i) - dnorm_mean - norm * dnorm_norm_mean) * rstd_bt;
       }
+      if ((b * T + t + 1) % column_segment == 0 || b * T + t + 1 == B * T) {
+        for (std::size_t i = 0; i < C; ++i) total_dbias[i] += part_dbias[i];
+        for (std::size_t i = 0; i < C; ++i) total_dweight[i] += part_dweight[i];
+      }
     }
+  for (std::size_t i = 0; i < C; ++i) dbias[i] += total_dbias[i];
+  for (std::size_t i = 0; i < C; ++i) dweight[i] += total_dweight[i];
 }
 
 // out[b,t,o] = bias[o] + sum_i inp[b,t,i] * weight[o,i]; weight is (OC, C); bias may be null.
@@ -483,10 +494,10 @@ void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, c
       for (std::size_t t = 0; t < T; ++t) {
         const Real* inp_bt = inp + (b * T + t) * C;
         const Real d = dout[(b * T + t) * OC + o];
-        if (dbias != nullptr) dbias[o] += d;
         for (std::size_t i = 0; i < C; ++i) dw_o[i] += inp_bt[i] * d;
       }
   }
+  if (dbias != nullptr) add_column_sums(dbias, dout, B * T, OC);
 }
 
 // y[i] += x[i] * a for i < n: the attention's inner loops, vectorised (y and x never overlap).
