@@ -36,12 +36,58 @@
 #include <future>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <unistd.h>
 #include <utility>
 
 using namespace chunkwise;
+
+namespace {
+
+// The isolated device, where a thread must make the device current before it runs device work, as on a GPU (whose
+// current device is per thread; a new thread's is device 0): bind_thread() marks the calling thread.
+class binding_backend : public isolated_backend {
+ public:
+  void bind_thread() noexcept { bound() = true; }
+  static bool& bound() noexcept {
+    thread_local bool bound_here = false;
+    return bound_here;
+  }
+};
+// Its device optimizer refuses a thread other than the one that made it (the trainer's, whose device is the
+// runtime's) unless that thread bound the device.
+class binding_adam : public isolated_adam {
+ public:
+  using isolated_adam::isolated_adam;
+  void step(std::span<const optim::chunk_arrays> chunks, const optim::step_args& args) {
+    check_thread();
+    isolated_adam::step(chunks, args);
+  }
+  double grad_sum_of_squares(std::span<const optim::chunk_arrays> chunks) {
+    check_thread();
+    return isolated_adam::grad_sum_of_squares(chunks);
+  }
+
+ private:
+  void check_thread() const {
+    if (std::this_thread::get_id() != owner_ && !binding_backend::bound())
+      throw error(error_code::illegal_state, "a device update on a thread that never made the device current");
+  }
+  std::thread::id owner_ = std::this_thread::get_id();
+};
+
+}  // namespace
+
+template <>
+struct chunkwise::backend_parts<binding_backend> : backend_parts<isolated_backend> {
+  using device_optimizer = binding_adam;
+  static device_optimizer make_optimizer(binding_backend& /*backend*/, const optim::adam_config& config,
+                                         unsigned threads) {
+    return device_optimizer(config, {.threads = threads});
+  }
+};
 
 namespace {
 
@@ -516,6 +562,13 @@ TEST_CASE("a pass released while its kernels are still queued hands its chunks o
   const auto streamed_in_order = train_with_kernels<streamed>(kernels::before_release);
   CHECK(train_with_kernels<streamed>(kernels::trainer_stream) == streamed_in_order);
   CHECK(streamed_in_order == offloaded_in_order);  // the same maths whatever the plan
+}
+
+TEST_CASE("the overlapped updates' worker thread makes the backend's device current before its device updates") {
+  // An NCCL rank on GPU 1 would otherwise launch its chunks' Adam on GPU 0 from the worker (binding_backend throws).
+  using on_device = on_toy<plan<toy_layout, resident, replicated, optimizer_follows_home>>;
+  const auto bound = train<on_device, binding_backend>({.overlap = true});
+  CHECK(bound.parameters == train<on_device>({.overlap = true}).parameters);
 }
 
 TEST_CASE("gradient accumulators are made, zeroed and given back on the compute stream: backward never waits for it") {

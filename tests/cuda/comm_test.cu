@@ -122,3 +122,38 @@ TEST_CASE("nccl_comm bootstraps through a file, groups several chunks and splits
   }
   cudaStreamDestroy(stream);
 }
+
+TEST_CASE("nccl_comm groups nest, across communicators: their requests complete after the outermost close") {
+  // NCCL launches a thread's grouped operations at its outermost ncclGroupEnd: an event recorded at an inner close
+  // would complete before the collective ran.
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  {
+    thread_world world(1);
+    auto bootstrap = world.comm(0);
+    auto comm = make_nccl_comm(bootstrap, stream);
+    auto alone = comm.split(0, 0);
+    constexpr std::size_t count = 1 << 16;
+    const auto values = pattern<float>(count);
+    device_buffer<float> in(count), out(count), out_alone(count);
+    in.upload(values);
+    std::vector<nccl_comm::request> requests;
+    {
+      auto outer = comm.group();
+      requests.push_back(comm.all_gather(in.cspan(), out.span()));
+      {
+        auto inner = alone.group();
+        requests.push_back(alone.all_gather(in.cspan(), out_alone.span()));
+        inner.close();
+      }
+      // Not launched yet: a wait now would return at once on an unrecorded event.
+      CHECK_THROWS_WITH_AS(requests[1].wait(), doctest::Contains("inside the group"), chunkwise::error);
+      CHECK_THROWS_WITH_AS(requests[0].wait_on(stream), doctest::Contains("inside the group"), chunkwise::error);
+      outer.close();
+    }
+    for (auto& request : requests) request.wait();
+    CHECK(same(out.download(), values));
+    CHECK(same(out_alone.download(), values));
+  }
+  cudaStreamDestroy(stream);
+}

@@ -90,6 +90,14 @@ class gradient_pipeline {
     });
   }
 
+  /// device_buffer for a chunk's gathered parameters, which the trainer's kernels read: in stream order on the
+  /// compute stream where the host cannot address the device, so a gather's start and its copy's drop after the
+  /// pass wait for no kernel on the host.
+  template <class Reduced>
+  detail::tier_buffer gathered_buffer(std::size_t elements, Reduced&& reduced) {
+    return making_room(reduced, [&] { return detail::compute_buffer(*device_, backend_->compute(), elements, type_); });
+  }
+
   /// A backward pass acquires chunk b: its accumulator exists from now on (zeros).
   template <class Reduced>
   void backward_acquire(record& b, Reduced&& reduced) {

@@ -81,7 +81,11 @@ class optimizer_stage {
       detail::raise(error_code::invalid_argument, "runtime: clip_norm must be a finite number >= 0 (0: no clipping), "
                                                   "got " + std::to_string(settings_.clip_norm));
     if (settings_.loss_scaling) scaler_.emplace(*settings_.loss_scaling);
-    if (overlaps()) worker_.emplace(1);
+    if (overlaps()) {
+      // The worker runs device updates: a GPU's current device is per thread, and a new thread's is device 0.
+      worker_.emplace(1);
+      worker_->submit(std::packaged_task<void()>([&backend] { backend.bind_thread(); })).get();
+    }
   }
   optimizer_stage(const optimizer_stage&) = delete;
   optimizer_stage& operator=(const optimizer_stage&) = delete;

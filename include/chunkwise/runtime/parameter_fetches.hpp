@@ -67,7 +67,7 @@ class parameter_fetches {
     if (gathers_) {
       detail::tier_buffer full;
       try {
-        full = gradients_->device_buffer(b.full_elements, reduced);
+        full = gradients_->gathered_buffer(b.full_elements, reduced);
       } catch (const error& e) {
         if (!prefetch || e.code() != error_code::out_of_memory) throw;
         return;

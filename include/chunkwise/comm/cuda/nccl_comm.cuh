@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace chunkwise {
 
@@ -63,6 +64,27 @@ class comm_event {
   cudaEvent_t event_ = nullptr;
 };
 
+/// NCCL's groups belong to the calling thread, across communicators: ncclGroupEnd launches the operations only at the
+/// outermost close. The events of the requests issued inside (one per communicator) are recorded then.
+struct nccl_open_groups {
+  struct pending_event {
+    const void* comm;
+    cudaStream_t stream;
+    std::shared_ptr<comm_event> event;
+  };
+  int depth = 0;
+  std::vector<pending_event> pending;
+  static nccl_open_groups& of_this_thread() {
+    thread_local nccl_open_groups groups;
+    return groups;
+  }
+  [[nodiscard]] bool holds(const std::shared_ptr<comm_event>& event) const {
+    for (const auto& p : pending)
+      if (p.event == event) return true;
+    return false;
+  }
+};
+
 }  // namespace detail
 
 class nccl_comm {
@@ -73,9 +95,11 @@ class nccl_comm {
    public:
     request() = default;
     void wait() {
+      check_launched("wait");
       if (event_) CHUNKWISE_CUDA_TRY(cudaEventSynchronize(event_->get()), std::string("nccl_comm"));
     }
     [[nodiscard]] bool test() {
+      check_launched("test");
       if (!event_) return true;
       const cudaError_t state = cudaEventQuery(event_->get());
       if (state == cudaErrorNotReady) return false;
@@ -83,10 +107,18 @@ class nccl_comm {
       return true;
     }
     void wait_on(cudaStream_t stream) {
+      check_launched("wait_on");
       if (event_) CHUNKWISE_CUDA_TRY(cudaStreamWaitEvent(stream, event_->get(), 0), std::string("nccl_comm"));
     }
 
    private:
+    // An operation of a group still open on this thread is not launched: its event is not recorded yet, and CUDA
+    // would report an unrecorded event complete.
+    void check_launched(const char* what) const {
+      if (event_ && detail::nccl_open_groups::of_this_thread().holds(event_))
+        detail::raise(error_code::illegal_state, std::string("nccl_comm: request::") + what +
+                                                     " inside the group that issued it; close the group first");
+    }
     friend class nccl_comm;
     explicit request(std::shared_ptr<detail::comm_event> event) : event_(std::move(event)) {}
     std::shared_ptr<detail::comm_event> event_;
@@ -175,23 +207,27 @@ class nccl_comm {
   }
 
   /// Collectives issued while a group is open are launched together when it closes (ncclGroupStart/End); their
-  /// requests share one event, recorded at the close.
+  /// requests on one communicator share one event, recorded at the close. Groups nest, across communicators too, as
+  /// NCCL's do (the calling thread's): everything launches, and the events are recorded, at the outermost close.
   class group_guard {
    public:
-    explicit group_guard(nccl_comm& comm) : comm_(&comm) {
+    explicit group_guard(nccl_comm& /*comm: NCCL's groups are the thread's*/) {
       CHUNKWISE_NCCL_TRY(ncclGroupStart(), "nccl_comm");
-      ++comm_->group_depth_;
+      ++detail::nccl_open_groups::of_this_thread().depth;
     }
     group_guard(const group_guard&) = delete;
     group_guard& operator=(const group_guard&) = delete;
-    /// Closes the group (ncclGroupEnd) and records the requests' event; call it to see errors as exceptions.
+    /// Closes the group (ncclGroupEnd; the outermost one records the requests' events); call it to see errors as
+    /// exceptions.
     void close() {
-      if (comm_ == nullptr) return;
-      nccl_comm& comm = *std::exchange(comm_, nullptr);
-      --comm.group_depth_;
-      auto event = std::move(comm.group_event_);
+      if (!std::exchange(open_, false)) return;
+      auto& groups = detail::nccl_open_groups::of_this_thread();
+      const bool outermost = --groups.depth == 0;
+      std::vector<detail::nccl_open_groups::pending_event> launched;
+      if (outermost) launched.swap(groups.pending);
       CHUNKWISE_NCCL_TRY(ncclGroupEnd(), "nccl_comm");
-      if (event) CHUNKWISE_CUDA_TRY(cudaEventRecord(event->get(), comm.stream_), std::string("nccl_comm"));
+      for (const auto& p : launched)
+        CHUNKWISE_CUDA_TRY(cudaEventRecord(p.event->get(), p.stream), std::string("nccl_comm"));
     }
     ~group_guard() {
       try {
@@ -201,7 +237,7 @@ class nccl_comm {
     }
 
    private:
-    nccl_comm* comm_;
+    bool open_ = true;
   };
   [[nodiscard]] group_guard group() { return group_guard(*this); }
 
@@ -214,8 +250,6 @@ class nccl_comm {
     std::swap(rank_, other.rank_);
     std::swap(size_, other.size_);
     std::swap(scratch_, other.scratch_);
-    std::swap(group_depth_, other.group_depth_);
-    std::swap(group_event_, other.group_event_);
   }
 
   void finish_setup() {
@@ -227,11 +261,13 @@ class nccl_comm {
 
   static ncclRedOp_t nccl_op(reduce_op op) noexcept { return op == reduce_op::sum ? ncclSum : ncclAvg; }
 
-  /// The request of the operation just enqueued: its own event, or the open group's shared one.
+  /// The request of the operation just enqueued: its own event, or this communicator's in the open group.
   request completed() {
-    if (group_depth_ > 0) {
-      if (!group_event_) group_event_ = std::make_shared<detail::comm_event>();
-      return request(group_event_);
+    if (auto& groups = detail::nccl_open_groups::of_this_thread(); groups.depth > 0) {
+      for (const auto& p : groups.pending)
+        if (p.comm == this) return request(p.event);
+      groups.pending.push_back({this, stream_, std::make_shared<detail::comm_event>()});
+      return request(groups.pending.back().event);
     }
     auto event = std::make_shared<detail::comm_event>();
     CHUNKWISE_CUDA_TRY(cudaEventRecord(event->get(), stream_), std::string("nccl_comm"));
@@ -243,8 +279,6 @@ class nccl_comm {
   int rank_ = 0;
   int size_ = 1;
   int* scratch_ = nullptr;  // the barrier's device word
-  int group_depth_ = 0;
-  std::shared_ptr<detail::comm_event> group_event_;
 };
 
 static_assert(communicator<nccl_comm>);

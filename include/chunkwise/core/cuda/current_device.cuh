@@ -18,4 +18,17 @@ inline int resolve_cuda_device(int device, const char* context) {
   return current;
 }
 
+/// Restores the calling thread's current device on scope exit (code that visits every GPU leaves it as it found it).
+class current_device_guard {
+ public:
+  explicit current_device_guard(const char* context) : device_(resolve_cuda_device(use_current_device, context)) {}
+  current_device_guard(const current_device_guard&) = delete;
+  current_device_guard& operator=(const current_device_guard&) = delete;
+  ~current_device_guard() { (void)cudaSetDevice(device_); }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+};
+
 }  // namespace chunkwise::detail

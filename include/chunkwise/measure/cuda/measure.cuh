@@ -8,6 +8,7 @@
 #include <chunkwise/core/abi.hpp>
 #include <chunkwise/backend/cuda/backend.cuh>
 #include <chunkwise/core/cuda/checked_call.cuh>
+#include <chunkwise/core/cuda/current_device.cuh>
 #include <chunkwise/optim/cuda/adam.cuh>
 #include <chunkwise/measure/host.hpp>
 
@@ -57,9 +58,12 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
   int count = 0;
   CHUNKWISE_CUDA_TRY(cudaGetDeviceCount(&count), std::string("measure: no usable GPU"));
   const int devices = std::min<int>(count, static_cast<int>(options.ranks));
+  // The calling thread's device (a process that picked its GPU keeps it), current again on return.
+  const detail::current_device_guard restore("measure");
+  const int own_device = restore.device();
   cudaDeviceProp properties{};
-  CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, 0), std::string("measure: device 0"));
-  CHUNKWISE_CUDA_TRY(cudaSetDevice(0), std::string("measure: device 0"));
+  CHUNKWISE_CUDA_TRY(cudaGetDeviceProperties(&properties, own_device),
+                     "measure: device " + std::to_string(own_device));
   machine_profile m;
   m.kind = device_kind::cuda;
   m.devices = static_cast<std::uint32_t>(devices);
@@ -185,7 +189,7 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
       cudaStreamDestroy(streams[static_cast<std::size_t>(d)]);
       ncclCommDestroy(comms[static_cast<std::size_t>(d)]);
     }
-    cudaSetDevice(0);
+    cudaSetDevice(own_device);
     options.progress("NCCL over " + std::to_string(devices) + " GPUs at 64 MiB: all-gather " +
                      detail::format_rate(m.all_gather.at(64 * MiB)) + ", all-reduce " +
                      detail::format_rate(m.all_reduce.at(64 * MiB)) + " bus bandwidth, " +

@@ -105,10 +105,15 @@ class tier_buffer {
   /// for, or ordered before `stream`) by then.
   template <host_staged_tier Tier>
   tier_buffer(Tier& tier, typename Tier::stream_ref stream, std::size_t elements, dtype type)
+      : tier_buffer(tier, stream, elements, type, unfilled) {
+    zero();
+  }
+  /// The same, left as the tier gives it.
+  template <host_staged_tier Tier>
+  tier_buffer(Tier& tier, typename Tier::stream_ref stream, std::size_t elements, dtype type, unfilled_t)
       : tier_(&tier), bytes_(elements * size_of(type)), ops_(&tier_buffer_ops_for<Tier>),
         stream_(erase_stream<Tier>(stream)) {
     if (bytes_ != 0) data_ = static_cast<std::byte*>(tier.allocate(stream, bytes_));
-    zero();
   }
   tier_buffer(tier_buffer&& other) noexcept { swap(other); }
   tier_buffer& operator=(tier_buffer&& other) noexcept {
@@ -180,12 +185,20 @@ class tier_buffer {
   void* stream_ = nullptr;  // set: stream-ordered (erase_stream)
 };
 
-/// A zeroed gradient buffer of `elements` in the device tier: stream-ordered on the trainer's compute stream where the
-/// host cannot address the tier (so its end waits for no host call), else a plain one.
+/// A buffer of `elements` in the device tier for the trainer's kernels, not zeroed: stream-ordered on the trainer's
+/// compute stream where the host cannot address the tier (so neither its start nor its end waits for the GPU), else a
+/// plain one. Whatever else writes it (a gather) queues behind the compute stream, as the runtime's collectives do.
+template <class Tier>
+tier_buffer compute_buffer(Tier& device, typename Tier::stream_ref compute, std::size_t elements, dtype type) {
+  if constexpr (host_staged_tier<Tier>) return tier_buffer(device, compute, elements, type, tier_buffer::unfilled);
+  else return tier_buffer(device, elements, type, tier_buffer::unfilled);
+}
+/// compute_buffer, zeroed (a gradient accumulator).
 template <class Tier>
 tier_buffer gradient_buffer(Tier& device, typename Tier::stream_ref compute, std::size_t elements, dtype type) {
-  if constexpr (host_staged_tier<Tier>) return tier_buffer(device, compute, elements, type);
-  else return tier_buffer(device, elements, type);
+  tier_buffer buffer = compute_buffer(device, compute, elements, type);
+  buffer.zero();
+  return buffer;
 }
 
 /// A tier_buffer's bytes where the host can touch them: the buffer itself when its tier is host memory, else a host
