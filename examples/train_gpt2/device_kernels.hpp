@@ -207,21 +207,26 @@ struct encoder_forward {
   }
 };
 
-// One channel c per index: the (b, t) rows in order, as the CPU's serial loop adds them (rows of wte repeat, so
-// those sums go to memory; wpe's rows repeat every T).
+// The token embedding's gradient, one channel c per index: the (b, t) rows in order, as the CPU's serial loop adds
+// them (rows of wte repeat, so those sums go to memory).
 struct encoder_backward {
   float* dwte;
-  float* dwpe;
   const float* dout;
   const int* tokens;
-  index BT, T, C;
+  index BT, C;
   GPT2_HOST_DEVICE void operator()(index c) const {
     for (index bt = 0; bt < BT; ++bt) dwte[static_cast<index>(tokens[bt]) * C + c] += dout[bt * C + c];
-    for (index t = 0; t < T; ++t) {
-      float sum = dwpe[t * C + c];
-      for (index bt = t; bt < BT; bt += T) sum += dout[bt * C + c];
-      dwpe[t * C + c] = sum;
-    }
+  }
+};
+// The position embedding's gradient, one (t, c) per index: dwpe[t, c] += dout over the sequences b in order.
+struct encoder_backward_positions {
+  float* dwpe;
+  const float* dout;
+  index BT, T, C;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    float sum = dwpe[i];
+    for (index bt = i / C; bt < BT; bt += T) sum += dout[bt * C + i % C];
+    dwpe[i] = sum;
   }
 };
 

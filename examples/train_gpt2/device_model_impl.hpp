@@ -732,8 +732,9 @@ void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_worksp
   auto& s = acts.buffers();
   const int* d_tokens = s.upload(s.scratch.tokens, s.uploaded_tokens, tokens, "tokens");
   const float* dresidual = device_detail::raw(s.dresidual) + s.dresidual_offset(0);
-  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, d_wpe, dresidual, d_tokens, s.B * s.T,
-                                                                      s.T, s.C});
+  const std::size_t BT = s.B * s.T;
+  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, dresidual, d_tokens, BT, s.C});
+  device_detail::for_each_index(s.T * s.C, device_kernels::encoder_backward_positions{d_wpe, dresidual, BT, s.T, s.C});
 }
 
 }  // namespace gpt2
