@@ -86,27 +86,31 @@ inline strided_gemm attention_weights_backward(const attention_geometry& g, cons
   return p;
 }
 
-/// Backward: dq(t) += scale * sum over t2 of dpreatt[b, h, t, t2] * k(t2). Column-major: dQ += scale K . dpreatt^T.
-inline strided_gemm queries_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
-                                     index b) {
-  auto p = detail::heads(g);
+namespace detail {
+// The scores' backward into part 0 (the queries: dQ += scale K . dpreatt^T) or part 1 (the keys: dK += scale
+// Q . dpreatt), from the other part's values.
+inline strided_gemm scores_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
+                                    index b, index part) {
+  auto p = heads(g);
+  p.transpose_b = part == 1;
   p.m = g.hs(), p.n = g.T, p.k = g.T, p.alpha = g.scale(), p.beta = 1.0f;
-  p.a = detail::head_part(g, qkv, b, 1), p.lda = 3 * g.C, p.stride_a = g.hs();
-  p.b = dpreatt + detail::blocks_of(g, b), p.ldb = g.T, p.stride_b = g.T * g.T;
-  p.c = detail::head_part(g, dqkv, b, 0), p.ldc = 3 * g.C, p.stride_c = g.hs();
+  p.a = head_part(g, qkv, b, 1 - part), p.lda = 3 * g.C, p.stride_a = g.hs();
+  p.b = dpreatt + blocks_of(g, b), p.ldb = g.T, p.stride_b = g.T * g.T;
+  p.c = head_part(g, dqkv, b, part), p.ldc = 3 * g.C, p.stride_c = g.hs();
   return p;
 }
+}  // namespace detail
 
-/// Backward: dk(t2) += scale * sum over t of dpreatt[b, h, t, t2] * q(t). Column-major: dK += scale Q . dpreatt.
+/// Backward: dq(t) += scale * sum over t2 of dpreatt[b, h, t, t2] * k(t2).
+inline strided_gemm queries_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
+                                     index b) {
+  return detail::scores_backward(g, dpreatt, qkv, dqkv, b, 0);
+}
+
+/// Backward: dk(t2) += scale * sum over t of dpreatt[b, h, t, t2] * q(t).
 inline strided_gemm keys_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
                                   index b) {
-  auto p = detail::heads(g);
-  p.transpose_b = true;
-  p.m = g.hs(), p.n = g.T, p.k = g.T, p.alpha = g.scale(), p.beta = 1.0f;
-  p.a = detail::head_part(g, qkv, b, 0), p.lda = 3 * g.C, p.stride_a = g.hs();
-  p.b = dpreatt + detail::blocks_of(g, b), p.ldb = g.T, p.stride_b = g.T * g.T;
-  p.c = detail::head_part(g, dqkv, b, 1), p.ldc = 3 * g.C, p.stride_c = g.hs();
-  return p;
+  return detail::scores_backward(g, dpreatt, qkv, dqkv, b, 1);
 }
 
 /// Backward: dv(t2) += sum over t of att[b, h, t, t2] * dout(t). Column-major: dV += dout . att.
