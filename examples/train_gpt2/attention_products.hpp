@@ -9,8 +9,9 @@
 //
 // Every product covers whole (T, T) blocks, the causal mask's upper triangle too (half the arithmetic, which the
 // products' speed repays): scores and datt there are never read (the softmax and its backward read t2 <= t), and
-// att and dpreatt there are zeros (attention_softmax writes them; backward zeroes dpreatt), so the products that
-// read them add nothing for masked positions.
+// att and dpreatt there are zeros (attention_softmax and, overwriting, attention_backward_softmax write them), so the
+// products that read them add nothing for masked positions. The scores and datt are written whole, dpreatt by the
+// softmax's backward: none of the (T, T) blocks needs zeroing first.
 #include "device_kernels.hpp"
 
 namespace gpt2::attention_products {
@@ -74,12 +75,12 @@ inline strided_gemm values(const attention_geometry& g, const float* att, const 
   return p;
 }
 
-/// Backward: datt[b, h, t, t2] += dout(t) . v(t2), every t2 (as scores, with dout for the queries).
+/// Backward: datt[b, h, t, t2] = dout(t) . v(t2), every t2 (as scores, with dout for the queries); overwrites.
 inline strided_gemm attention_weights_backward(const attention_geometry& g, const float* dout, const float* qkv,
                                                float* datt, index b) {
   auto p = detail::heads(g);
   p.transpose_a = true;
-  p.m = g.T, p.n = g.T, p.k = g.hs(), p.beta = 1.0f;
+  p.m = g.T, p.n = g.T, p.k = g.hs();
   p.a = detail::head_part(g, qkv, b, 2), p.lda = 3 * g.C, p.stride_a = g.hs();
   p.b = dout + detail::channels_of(g, b), p.ldb = g.C, p.stride_b = g.hs();
   p.c = datt + detail::blocks_of(g, b), p.ldc = g.T, p.stride_c = g.T * g.T;

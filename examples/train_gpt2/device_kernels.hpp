@@ -535,11 +535,14 @@ struct attention_backward_weights {
 };
 
 // Backward 2: the softmax's backward, one row per index: dpreatt += att * (datt - sum over t2 of att * datt).
+// `overwrite` (the GPU's products, attention_products.hpp): dpreatt = that, and 0 past t, so the whole (T, T) block
+// needs no zeroing before.
 struct attention_backward_softmax {
   float* dpreatt;
   const float* datt;
   const float* att;
   index T;
+  bool overwrite = false;
   GPT2_HOST_DEVICE void operator()(index row) const {
     const index t = row % T;
     const float* a = att + row * T;
@@ -547,7 +550,12 @@ struct attention_backward_softmax {
     float* dp = dpreatt + row * T;
     float weighted = 0;
     for (index t2 = 0; t2 <= t; ++t2) weighted += a[t2] * da[t2];
-    for (index t2 = 0; t2 <= t; ++t2) dp[t2] += a[t2] * (da[t2] - weighted);
+    if (!overwrite) {
+      for (index t2 = 0; t2 <= t; ++t2) dp[t2] += a[t2] * (da[t2] - weighted);
+      return;
+    }
+    for (index t2 = 0; t2 <= t; ++t2) dp[t2] = a[t2] * (da[t2] - weighted);
+    for (index t2 = t + 1; t2 < T; ++t2) dp[t2] = 0;
   }
 };
 

@@ -487,7 +487,8 @@ inline void attention_forward(device_workspace::state& s, const device_kernels::
 #endif
 }
 
-// dqkv += the attention's gradient from dout; datt and dpreatt zeroed before (dpreatt stays 0 past t).
+// dqkv += the attention's gradient from dout. The host's stages add into datt and dpreatt, zeroed before; the GPU's
+// products and softmax backward overwrite them.
 inline void attention_backward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* dqkv,
                                float* dpreatt, float* datt, const float* dout, const float* qkv, const float* att) {
   using namespace device_kernels;
@@ -499,14 +500,15 @@ inline void attention_backward(device_workspace::state& s, const device_kernels:
 #else
   for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
 #endif
-  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T});
 #if defined(__CUDACC__)
+  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T, /*overwrite=*/true});
   for (index b = 0; b < B; ++b) {
     s.matmul.run(products::queries_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
     s.matmul.run(products::keys_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (keys)");
     s.matmul.run(products::values_backward(g, att, dout, dqkv, b), "GPT-2 attention backward (values)");
   }
 #else
+  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T});
   for_each_index(B * g.T * g.C, attention_backward_queries{dqkv, dpreatt, qkv, g});
   for_each_index(B * g.T * g.C, attention_backward_keys_values{dqkv, dpreatt, att, dout, qkv, g});
 #endif
@@ -704,9 +706,12 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   const float* fch_gelu = raw(s.fch_gelu) + k * BTC * 4;
   const float* dresidual3 = raw(s.dresidual) + s.dresidual_offset(l + 1);
   float* dresidual = raw(s.dresidual) + s.dresidual_offset(l);
-  for (auto* b : {&s.dln1, &s.dqkv, &s.datty, &s.dpreatt, &s.datt, &s.dattproj, &s.dresidual2, &s.dln2, &s.dfch,
-                  &s.dfch_gelu, &s.dfcproj})
+  for (auto* b : {&s.dln1, &s.dqkv, &s.datty, &s.dattproj, &s.dresidual2, &s.dln2, &s.dfch, &s.dfch_gelu, &s.dfcproj})
     zero(*b);
+#if !defined(__CUDACC__)  // the GPU overwrites these (B, NH, T, T) arrays (attention_backward): 2 B NH T^2 floats
+  zero(s.dpreatt);
+  zero(s.datt);
+#endif
   zero(dresidual, BTC);
 
   for_each_index(BTC, device_kernels::residual_backward{raw(s.dresidual2), raw(s.dfcproj), dresidual3});
