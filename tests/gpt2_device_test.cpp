@@ -261,6 +261,25 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
           0.0);
   }
 }
+TEST_CASE("the embedding's backward on the device adds each token's positions in the CPU's order, bit for bit") {
+  // Five tokens over the batch, each at many positions: the buckets' order is what makes the bits the CPU's.
+  const auto config = gpt2_device_cases::small_config();
+  gpt2::device_workspace workspace(config, /*bf16_products=*/false);
+  auto& s = workspace.buffers();
+  const std::size_t B = config.batch, T = config.context, C = config.channels, BT = B * T;
+  std::vector<int> tokens(BT);
+  for (std::size_t i = 0; i < BT; ++i) tokens[i] = static_cast<int>((i * 7) % 5);
+  float* dresidual = gpt2::device_detail::raw(s.dresidual) + s.dresidual_offset(0);
+  for (std::size_t i = 0; i < BT * C; ++i) dresidual[i] = std::sin(static_cast<float>(i) * 0.61f) * 2.0f;
+  std::vector<float> dwte(config.vocab_rows() * C, 0.5f), dwpe(T * C, 0.25f);
+  auto cpu_wte = dwte, cpu_wpe = dwpe;
+  gpt2::embed_backward(dwte.data(), dwpe.data(), tokens.data(), workspace);
+  gpt2::kernels::encoder_backward(cpu_wte.data(), cpu_wpe.data(), dresidual, tokens.data(), B, T, C);
+  CHECK(s.token_buckets == 5);
+  CHECK(dwte == cpu_wte);
+  CHECK(dwpe == cpu_wpe);
+}
+
 TEST_CASE("backward's bias sums on the device, by segments of rows, give the CPU's column sums bit for bit") {
   // The GPU's bias backward (matmul_context::backward); the host build's products leave it to the CPU loops, so it is
   // checked here alone: 150 rows (two whole segments and a partial one) of 37 columns, onto a nonzero dbias.

@@ -207,15 +207,21 @@ struct encoder_forward {
   }
 };
 
-// The token embedding's gradient, one channel c per index: the (b, t) rows in order, as the CPU's serial loop adds
-// them (rows of wte repeat, so those sums go to memory).
+// The token embedding's gradient, one (bucket, channel) per index: a bucket is one token's positions in the batch,
+// ascending, so each row of wte adds them in the CPU's serial order (upload_tokens makes the buckets).
 struct encoder_backward {
   float* dwte;
   const float* dout;
+  const int* positions;
+  const int* starts;
   const int* tokens;
-  index BT, C;
-  GPT2_HOST_DEVICE void operator()(index c) const {
-    for (index bt = 0; bt < BT; ++bt) dwte[static_cast<index>(tokens[bt]) * C + c] += dout[bt * C + c];
+  index C;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    const index bucket = i / C, c = i % C;
+    float* w = dwte + static_cast<index>(tokens[bucket]) * C + c;
+    float sum = *w;
+    for (int p = starts[bucket]; p < starts[bucket + 1]; ++p) sum += dout[static_cast<index>(positions[p]) * C + c];
+    *w = sum;
   }
 };
 // The position embedding's gradient, one (t, c) per index: dwpe[t, c] += dout over the sequences b in order.

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -304,7 +305,8 @@ inline device_kernels::row_segments layernorm_segments(std::size_t channels) {
 }
 inline device_kernels::row_segments softmax_segments(std::size_t vocab) { return {vocab, kernels::softmax_segment}; }
 
-/// Where the scratch block's pieces lie (byte offsets): the token and target arrays (B*T ints each), the reductions'
+/// Where the scratch block's pieces lie (byte offsets): the tokens with their buckets (4 B*T + 1 ints: see
+/// scratch_block) and the targets (B*T ints), the reductions'
 /// partial sums (the rows': two per row and segment of the widest row, layer norm's C or the softmax's V columns; the
 /// columns': one per segment of rows and column of the widest, the MLP's 4C bias, or two for layer norm's C) and the
 /// rows' statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
@@ -315,7 +317,7 @@ struct scratch_layout {
         std::max(layernorm_segments(config.channels).per_row(), softmax_segments(config.vocab).per_row());
     const std::size_t column_parts = device_kernels::column_segments{rows, 4 * config.channels}.count() * 4 *
                                      config.channels;
-    targets = rows * sizeof(int);
+    targets = (4 * rows + 1) * sizeof(int);
     row_parts = targets + rows * sizeof(int);
     row_parts_elements = std::max(2 * rows * segments, column_parts);
     row_stats = row_parts + row_parts_elements * sizeof(float);
@@ -332,7 +334,11 @@ struct scratch_block {
   scratch_block(const model_config& config, void* lent) : layout(config) {
     memory.lent = static_cast<float*>(lent);
     auto* base = reinterpret_cast<char*>(memory.get((layout.bytes + sizeof(float) - 1) / sizeof(float)));
+    const std::size_t rows = config.batch * config.context;
     tokens = reinterpret_cast<int*>(base + layout.tokens);
+    bucket_positions = tokens + rows;
+    bucket_starts = bucket_positions + rows;
+    bucket_tokens = bucket_starts + rows + 1;
     targets = reinterpret_cast<int*>(base + layout.targets);
     row_parts = reinterpret_cast<float*>(base + layout.row_parts);
     row_stats = reinterpret_cast<float*>(base + layout.row_stats);
@@ -341,6 +347,11 @@ struct scratch_block {
   scratch_layout layout;
   lent_or_owned memory;
   int* tokens;
+  // The batch's positions bucketed by token (uploaded with the tokens): bucket k holds token bucket_tokens[k] at the
+  // positions bucket_positions[bucket_starts[k] .. bucket_starts[k + 1]), in ascending order.
+  int* bucket_positions;
+  int* bucket_starts;
+  int* bucket_tokens;
   int* targets;
   float* row_parts;  // the reductions' partial sums (layer norm's, the softmax's, the column sums', one at a time)
   float* row_stats;  // two per row
@@ -379,6 +390,33 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     uploaded.assign(host, host + B * T);
     return to;
   }
+  // The tokens, and their positions bucketed by token for the embedding's backward (a thread per bucket and channel
+  // adds its positions in order: the CPU's serial order for each row of wte), in one copy.
+  const int* upload_tokens(const int* host) {
+    const std::size_t rows = B * T;
+    if (uploaded_tokens.size() == rows && std::equal(uploaded_tokens.begin(), uploaded_tokens.end(), host))
+      return scratch.tokens;
+    kernels::check_tokens(host, rows, V, "tokens");
+    std::vector<int> packed(4 * rows + 1), order(rows);
+    std::copy_n(host, rows, packed.begin());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return host[a] < host[b]; });
+    int* positions = packed.data() + rows;
+    int* starts = positions + rows;
+    int* bucket_tokens = starts + rows + 1;
+    token_buckets = 0;
+    for (std::size_t p = 0; p < rows; ++p) {
+      positions[p] = order[p];
+      if (p == 0 || host[order[p]] != host[order[p - 1]]) {
+        starts[token_buckets] = static_cast<int>(p);
+        bucket_tokens[token_buckets++] = host[order[p]];
+      }
+    }
+    starts[token_buckets] = static_cast<int>(rows);
+    thrust::copy_n(packed.data(), packed.size(), thrust::device_pointer_cast(scratch.tokens));
+    uploaded_tokens.assign(host, host + rows);
+    return scratch.tokens;
+  }
 
   /// Elements of one staging area: the largest pass's parameters (the head: ln_f and the tied wte; the embedding:
   /// wte and wpe; or a block).
@@ -406,6 +444,7 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   device_detail::staging_pipe pipe;  // parameters in, gradients out
   std::vector<float> host_losses;
   std::vector<int> uploaded_tokens, uploaded_targets;  // what the device arrays hold
+  std::size_t token_buckets = 0;                       // distinct tokens of the uploaded batch
 };
 
 device_workspace::device_workspace(const model_config& config, bool bf16_products, lent_memory lent)
@@ -596,7 +635,7 @@ void print_kernel_times() {
 
 void embed_forward(const float* wte, const float* wpe, const int* tokens, device_workspace& acts) {
   auto& s = acts.buffers();
-  const int* d_tokens = s.upload(s.scratch.tokens, s.uploaded_tokens, tokens, "tokens");
+  const int* d_tokens = s.upload_tokens(tokens);
   device_detail::for_each_index(s.B * s.T * s.C, device_kernels::encoder_forward{device_detail::raw(s.encoded),
                                                                                  d_tokens, wte, wpe, s.T, s.C});
 }
@@ -735,10 +774,13 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
 
 void embed_backward(float* d_wte, float* d_wpe, const int* tokens, device_workspace& acts) {
   auto& s = acts.buffers();
-  const int* d_tokens = s.upload(s.scratch.tokens, s.uploaded_tokens, tokens, "tokens");
+  s.upload_tokens(tokens);  // and their buckets (forward uploaded them already)
   const float* dresidual = device_detail::raw(s.dresidual) + s.dresidual_offset(0);
   const std::size_t BT = s.B * s.T;
-  device_detail::for_each_index(s.C, device_kernels::encoder_backward{d_wte, dresidual, d_tokens, BT, s.C});
+  const auto& buckets = s.scratch;
+  device_detail::for_each_index(s.token_buckets * s.C,
+                                device_kernels::encoder_backward{d_wte, dresidual, buckets.bucket_positions,
+                                                                 buckets.bucket_starts, buckets.bucket_tokens, s.C});
   device_detail::for_each_index(s.T * s.C, device_kernels::encoder_backward_positions{d_wpe, dresidual, BT, s.T, s.C});
 }
 
