@@ -412,7 +412,7 @@ TEST_CASE("write-backs and refills wait for the device work named at release") {
   cache.release(0);
 }
 
-TEST_CASE("acquire_for leaves a fetch in flight to the consumer's stream; a fetch done on a host thread is waited for") {
+TEST_CASE("acquire_for leaves a fetch in flight to the consumer's stream; one done on a host thread is waited for") {
   pinned_rig rig(2, 1);
   host_stream compute;  // the consumer's stream (a GPU's compute stream)
   auto cache = rig.cache({0, 1}, {.blocks = 1, .prefetch_depth = 0});
