@@ -381,22 +381,25 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     mirror_versions.assign(mirror_offsets.size(), never);
   }
 
-  // tokens or targets (host, checked) into their device array, unless it holds them already: backward reads the
-  // batch forward uploaded, and a copy from pageable memory would wait for every kernel queued before it.
-  const int* upload(int* to, std::vector<int>& uploaded, const int* host, const char* what) {
-    if (uploaded.size() == B * T && std::equal(uploaded.begin(), uploaded.end(), host)) return to;
+  // Whether host's B*T tokens (or targets) differ from the batch `uploaded` holds, checking and recording them if so:
+  // backward reads the batch forward uploaded, and a copy from pageable memory would wait for every kernel queued
+  // before it.
+  bool new_batch(std::vector<int>& uploaded, const int* host, const char* what) const {
+    if (uploaded.size() == B * T && std::equal(uploaded.begin(), uploaded.end(), host)) return false;
     kernels::check_tokens(host, B * T, V, what);
-    thrust::copy_n(host, B * T, thrust::device_pointer_cast(to));
     uploaded.assign(host, host + B * T);
+    return true;
+  }
+  // targets into their device array, unless it holds them already.
+  const int* upload(int* to, std::vector<int>& uploaded, const int* host, const char* what) {
+    if (new_batch(uploaded, host, what)) thrust::copy_n(host, B * T, thrust::device_pointer_cast(to));
     return to;
   }
   // The tokens, and their positions bucketed by token for the embedding's backward (a thread per bucket and channel
   // adds its positions in order: the CPU's serial order for each row of wte), in one copy.
   const int* upload_tokens(const int* host) {
     const std::size_t rows = B * T;
-    if (uploaded_tokens.size() == rows && std::equal(uploaded_tokens.begin(), uploaded_tokens.end(), host))
-      return scratch.tokens;
-    kernels::check_tokens(host, rows, V, "tokens");
+    if (!new_batch(uploaded_tokens, host, "tokens")) return scratch.tokens;
     std::vector<int> packed(4 * rows + 1), order(rows);
     std::copy_n(host, rows, packed.begin());
     std::iota(order.begin(), order.end(), 0);
@@ -414,7 +417,6 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     }
     starts[token_buckets] = static_cast<int>(rows);
     thrust::copy_n(packed.data(), packed.size(), thrust::device_pointer_cast(scratch.tokens));
-    uploaded_tokens.assign(host, host + rows);
     return scratch.tokens;
   }
 
@@ -536,10 +538,6 @@ inline void attention_backward(device_workspace::state& s, const device_kernels:
 #if defined(__CUDACC__)
   for (index b = 0; b < B; ++b)
     s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, b), "GPT-2 attention backward (weights)");
-#else
-  for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
-#endif
-#if defined(__CUDACC__)
   for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T, /*overwrite=*/true});
   for (index b = 0; b < B; ++b) {
     s.matmul.run(products::queries_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
@@ -547,6 +545,7 @@ inline void attention_backward(device_workspace::state& s, const device_kernels:
     s.matmul.run(products::values_backward(g, att, dout, dqkv, b), "GPT-2 attention backward (values)");
   }
 #else
+  for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
   for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T});
   for_each_index(B * g.T * g.C, attention_backward_queries{dqkv, dpreatt, qkv, g});
   for_each_index(B * g.T * g.C, attention_backward_keys_values{dqkv, dpreatt, att, dout, qkv, g});

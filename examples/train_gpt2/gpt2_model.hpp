@@ -410,17 +410,13 @@ void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const
     }
 }
 
-// Serial: dweight and dbias sum over every (b, t), by segments of column_segment rows as add_column_sums does.
+// Serial: dweight and dbias sum over every (b, t) as add_column_sums does.
 template <class Real>
 void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight,
                         const Real* mean, const Real* rstd, std::size_t B, std::size_t T, std::size_t C) {
-  std::vector<Real> total_dbias(C, Real(0)), total_dweight(C, Real(0)), part_dbias(C), part_dweight(C);
+  segmented_column_sums<Real> sum_dbias(B * T, C), sum_dweight(B * T, C);
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
-      if ((b * T + t) % column_segment == 0) {
-        std::fill(part_dbias.begin(), part_dbias.end(), Real(0));
-        std::fill(part_dweight.begin(), part_dweight.end(), Real(0));
-      }
       const Real* dout_bt = dout + (b * T + t) * C;
       const Real* inp_bt = inp + (b * T + t) * C;
       Real* dinp_bt = dinp + (b * T + t) * C;
@@ -431,19 +427,19 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
       const Real dnorm_norm_mean = segmented_sum<Real>(C, layernorm_segment, [&](std::size_t i) {
                                      return dnorm(i) * ((inp_bt[i] - mean_bt) * rstd_bt);
                                    }) / Real(C);
+      Real* part_dbias = sum_dbias.part();
+      Real* part_dweight = sum_dweight.part();
       for (std::size_t i = 0; i < C; ++i) {
         const Real norm = (inp_bt[i] - mean_bt) * rstd_bt;
         part_dbias[i] += dout_bt[i];
         part_dweight[i] += norm * dout_bt[i];
         dinp_bt[i] += (dnorm(i) - dnorm_mean - norm * dnorm_norm_mean) * rstd_bt;
       }
-      if ((b * T + t + 1) % column_segment == 0 || b * T + t + 1 == B * T) {
-        for (std::size_t i = 0; i < C; ++i) total_dbias[i] += part_dbias[i];
-        for (std::size_t i = 0; i < C; ++i) total_dweight[i] += part_dweight[i];
-      }
+      sum_dbias.end_row(b * T + t);
+      sum_dweight.end_row(b * T + t);
     }
-  for (std::size_t i = 0; i < C; ++i) dbias[i] += total_dbias[i];
-  for (std::size_t i = 0; i < C; ++i) dweight[i] += total_dweight[i];
+  sum_dbias.add_to(dbias);
+  sum_dweight.add_to(dweight);
 }
 
 // out[b,t,o] = bias[o] + sum_i inp[b,t,i] * weight[o,i]; weight is (OC, C); bias may be null.

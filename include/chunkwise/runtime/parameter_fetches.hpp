@@ -92,8 +92,7 @@ class parameter_fetches {
       b.compute = b.full.template data<std::byte>();
     } else {
       b.life.start_fetch();
-      b.home_held = homes_->streamed(b.index);
-      b.compute = homes_->acquire_for_kernels(b.index);  // only the trainer's kernels read it
+      b.compute = lend_home_for_kernels(b);
     }
   }
   /// fetching -> ready: the gather arrived; the gathered copy is what the trainer reads, the home block goes back.
@@ -180,6 +179,10 @@ class parameter_fetches {
   std::byte* lend_home(record& b) {
     b.home_held = homes_->streamed(b.index);
     return homes_->acquire(b.index);
+  }
+  std::byte* lend_home_for_kernels(record& b) {  // only the trainer's kernels read it: in stream order
+    b.home_held = homes_->streamed(b.index);
+    return homes_->acquire_for_kernels(b.index);
   }
   auto lend_home_ahead(record& b) {
     b.home_held = homes_->streamed(b.index);
