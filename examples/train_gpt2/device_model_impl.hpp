@@ -191,7 +191,9 @@ class staging_pipe {
   staging_pipe(const staging_pipe&) = delete;
   staging_pipe& operator=(const staging_pipe&) = delete;
 
-  /// device[0, n) = host[0, n), before the kernels queued after this call run; returns before the copy ends.
+  /// device[0, n) = host[0, n), before the kernels queued after this call run; returns before the copy ends. The copy
+  /// runs beside the kernels queued before, so none of them may read device[0, n): the mirror's tensors change at a
+  /// step only, after the host waited for the passes (the loss read back, the gradients come down).
   void upload(float* device, const float* host, std::size_t n) {
     for (std::size_t done = 0; done < n; done += piece) {
       const std::size_t m = std::min(piece, n - done), h = next_half();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <unistd.h>
@@ -88,6 +89,23 @@ TEST_CASE_TEMPLATE("nccl_comm with one rank runs every collective on device buff
     CHECK(comm.rank() == 0);
     CHECK(comm.size() == 1);
     check_single_rank_collectives<T>(comm);
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("nccl_comm refuses a non-blocking stream, which nothing orders after the default stream's kernels") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    thread_world world(1);
+    auto bootstrap = world.comm(0);
+    try {
+      (void)make_nccl_comm(bootstrap, stream);
+      FAIL("a cudaStreamNonBlocking stream must be refused");
+    } catch (const chunkwise::error& e) {
+      CHECK(e.code() == chunkwise::error_code::invalid_argument);
+      CHECK(std::string(e.what()).find("cudaStreamNonBlocking") != std::string::npos);
+    }
   }
   cudaStreamDestroy(stream);
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace chunkwise;
@@ -173,4 +174,25 @@ TEST_CASE("the device-driven step in a CUDA graph matches mixed_precision_step a
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST_CASE("a device-driven step without loss scaling scales by 1, and a bound optimizer refuses host-driven steps") {
+  std::vector<mirrored_chunk> chunks;
+  chunks.emplace_back(1000, 0, dtype::fp32, false, 7);
+  std::vector<chunk_arrays> device_views{chunks[0].view(true)};
+  const std::vector<float> schedule = {1e-3f};
+  cuda_adam gpu(adamw_config());
+  gpu.bind(device_views, precision_options{1.0f, std::nullopt}, schedule);
+  float scale = 0.0f;
+  REQUIRE(cudaMemcpy(&scale, gpu.device_loss_scale(), sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(scale == 1.0f);  // a trainer multiplying its loss by it gets the loss itself
+  gpu.enqueue_step();
+  CHECK(gpu.read_report().loss_scale == 1.0f);
+  try {
+    gpu.step(device_views, step_args{1e-3f, 1, 1.0f});
+    FAIL("step after bind() must throw");
+  } catch (const chunkwise::error& e) {
+    CHECK(e.code() == chunkwise::error_code::illegal_state);
+    CHECK(std::string(e.what()).find("after bind()") != std::string::npos);
+  }
 }

@@ -98,4 +98,10 @@ concept communicator =
 template <class C>
 inline constexpr bool reaches_device_memory = false;
 
+/// Whether a communicator's collectives run in order after the work queued on the backend's compute stream (a CUDA
+/// stream that waits for the legacy default stream's work, as nccl_comm's must): a collective reading a buffer that
+/// is filled in stream order (a cache block whose fetch the compute stream waits for) then needs no host wait.
+template <class C>
+inline constexpr bool follows_compute_stream = false;
+
 }  // namespace chunkwise

@@ -61,7 +61,7 @@ class parameter_fetches {
   /// too: whether a prefetch fits must not depend on which reductions happened to finish (timing differs between
   /// ranks, and every rank must issue the same gathers in the same order), so it waits for reductions until its buffer
   /// fits or none is left, and is skipped only then. A prefetch takes a streamed home's cache block without waiting
-  /// for its fetch: the gather waits for it where it runs.
+  /// for its fetch: the gather waits for it where it runs (NCCL: on its stream, after the compute stream's wait).
   template <class Reduced>
   void start(record& b, bool prefetch, Reduced&& reduced) {
     if (gathers_) {
@@ -75,7 +75,11 @@ class parameter_fetches {
       b.life.start_fetch();
       std::function<void()> home_ready;
       const std::byte* home = nullptr;
-      if (prefetch) {
+      if constexpr (follows_compute_stream<Comm>) {
+        // The gather runs after the compute stream's work: it waits there for a block's fetch (NCCL's on a GPU).
+        home = lend_home_for_kernels(b);
+        if (prefetch) ++gathers_ahead_;
+      } else if (prefetch) {
         auto lent = lend_home_ahead(b);
         home = lent.data;
         if (!lent.filled.ready()) home_ready = [filled = std::move(lent.filled)] { filled.wait(); };

@@ -59,9 +59,14 @@ class comm_event {
   comm_event& operator=(const comm_event&) = delete;
   ~comm_event() { cudaEventDestroy(event_); }
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+  /// The group that was to launch the operation failed to: the event was never recorded, and CUDA reports an
+  /// unrecorded event complete, so the requests must say so themselves.
+  void fail() noexcept { failed_ = true; }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
 
  private:
   cudaEvent_t event_ = nullptr;
+  bool failed_ = false;
 };
 
 /// NCCL's groups belong to the calling thread, across communicators: ncclGroupEnd launches the operations only at the
@@ -115,6 +120,9 @@ class nccl_comm {
     // An operation of a group still open on this thread is not launched: its event is not recorded yet, and CUDA
     // would report an unrecorded event complete.
     void check_launched(const char* what) const {
+      if (event_ && event_->failed())
+        detail::raise(error_code::comm_error, std::string("nccl_comm: request::") + what +
+                                                  ": the group that issued it failed to launch (ncclGroupEnd)");
       if (event_ && detail::nccl_open_groups::of_this_thread().holds(event_))
         detail::raise(error_code::illegal_state, std::string("nccl_comm: request::") + what +
                                                      " inside the group that issued it; close the group first");
@@ -125,13 +133,22 @@ class nccl_comm {
   };
 
   /// Joins the communicator of `ranks` ranks named by `id` as `rank` (blocks until every rank joined), on the
-  /// current CUDA device. `stream` is not owned.
+  /// current CUDA device. `stream` is not owned, and must be ordered with the legacy default stream (nullptr,
+  /// cudaStreamPerThread or a stream made without cudaStreamNonBlocking): the runtime's collectives read gradients
+  /// that the trainer's kernels wrote there, and write buffers the stream-ordered allocator reuses there, with no
+  /// event between.
   nccl_comm(const ncclUniqueId& id, int rank, int ranks, cudaStream_t stream) : stream_(stream) {
     if (ranks < 1 || rank < 0 || rank >= ranks)
       detail::raise(error_code::invalid_argument, "nccl_comm: rank " + std::to_string(rank) + " of " +
                                                       std::to_string(ranks) + " ranks does not exist");
+    check_ordered_with_legacy(stream);
     CHUNKWISE_NCCL_TRY(ncclCommInitRank(&comm_, ranks, id, rank), "nccl_comm");
-    finish_setup();
+    try {
+      finish_setup();
+    } catch (...) {
+      (void)ncclCommDestroy(std::exchange(comm_, nullptr));
+      throw;
+    }
   }
 
   nccl_comm(nccl_comm&& other) noexcept { swap(other); }
@@ -202,7 +219,7 @@ class nccl_comm {
     nccl_comm result;
     result.stream_ = stream_;
     CHUNKWISE_NCCL_TRY(ncclCommSplit(comm_, color, key, &result.comm_, nullptr), "nccl_comm");
-    result.finish_setup();
+    result.finish_setup();  // on failure result's destructor destroys the split communicator
     return result;
   }
 
@@ -225,7 +242,10 @@ class nccl_comm {
       const bool outermost = --groups.depth == 0;
       std::vector<detail::nccl_open_groups::pending_event> launched;
       if (outermost) launched.swap(groups.pending);
-      CHUNKWISE_NCCL_TRY(ncclGroupEnd(), "nccl_comm");
+      const ncclResult_t ended = ncclGroupEnd();
+      if (ended != ncclSuccess)
+        for (const auto& p : launched) p.event->fail();
+      CHUNKWISE_NCCL_TRY(ended, "nccl_comm");
       for (const auto& p : launched)
         CHUNKWISE_CUDA_TRY(cudaEventRecord(p.event->get(), p.stream), std::string("nccl_comm"));
     }
@@ -250,6 +270,17 @@ class nccl_comm {
     std::swap(rank_, other.rank_);
     std::swap(size_, other.size_);
     std::swap(scratch_, other.scratch_);
+  }
+
+  static void check_ordered_with_legacy(cudaStream_t stream) {
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+    unsigned flags = 0;
+    CHUNKWISE_CUDA_TRY(cudaStreamGetFlags(stream, &flags), std::string("nccl_comm: the stream"));
+    if ((flags & cudaStreamNonBlocking) != 0)
+      detail::raise(error_code::invalid_argument,
+                    "nccl_comm: the stream was made with cudaStreamNonBlocking, so nothing orders the collectives "
+                    "after the kernels that write their buffers on the default stream; pass nullptr (the default "
+                    "stream) or a stream made with cudaStreamCreate");
   }
 
   void finish_setup() {
@@ -286,6 +317,8 @@ static_assert(communicator<nccl_comm>);
 /// Its collectives take GPU memory: the runtime gives it device buffers only (runtime/detail/host_exchange.hpp).
 template <>
 inline constexpr bool reaches_device_memory<nccl_comm> = true;
+template <>
+inline constexpr bool follows_compute_stream<nccl_comm> = true;  // its stream is ordered with the legacy one
 
 /// Joins an NCCL communicator with the rank and size of `via`, rank 0's unique id broadcast through it (mpi_comm
 /// across machines, thread_comm for the GPUs of one process).

@@ -157,18 +157,22 @@ inline machine_profile measure<cuda_backend>(const measure_options& options) {
     const auto run = [&](int kind, std::size_t count, int repeats = 5) {  // count: elements per rank
       const auto start = std::chrono::steady_clock::now();
       for (int repeat = 0; repeat < repeats; ++repeat) {
-        ncclGroupStart();
+        const std::string context = "measure: NCCL over " + std::to_string(devices) + " GPUs";
+        CHUNKWISE_NCCL_TRY(ncclGroupStart(), context);
         for (int d = 0; d < devices; ++d) {
           float* buffer = buffers[static_cast<std::size_t>(d)];
           const auto s = streams[static_cast<std::size_t>(d)];
           const auto c = comms[static_cast<std::size_t>(d)];
-          if (kind == 0) ncclAllGather(buffer, buffer + count * static_cast<std::size_t>(devices) / 2, count, ncclFloat, c, s);
-          else if (kind == 1) ncclReduceScatter(buffer, buffer + count * static_cast<std::size_t>(devices), count, ncclFloat, ncclSum, c, s);
-          else ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, c, s);
+          const std::size_t all = count * static_cast<std::size_t>(devices);
+          if (kind == 0) CHUNKWISE_NCCL_TRY(ncclAllGather(buffer, buffer + all / 2, count, ncclFloat, c, s), context);
+          else if (kind == 1)
+            CHUNKWISE_NCCL_TRY(ncclReduceScatter(buffer, buffer + all, count, ncclFloat, ncclSum, c, s), context);
+          else CHUNKWISE_NCCL_TRY(ncclAllReduce(buffer, buffer, count, ncclFloat, ncclSum, c, s), context);
         }
-        ncclGroupEnd();
+        CHUNKWISE_NCCL_TRY(ncclGroupEnd(), context);
       }
-      for (int d = 0; d < devices; ++d) cudaStreamSynchronize(streams[static_cast<std::size_t>(d)]);
+      for (int d = 0; d < devices; ++d)
+        CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(streams[static_cast<std::size_t>(d)]), std::string("measure: NCCL"));
       return detail::seconds_since(start) / repeats;
     };
     // The fixed cost of one call: all-reduces of one float, back to back after a warm-up (launch and protocol

@@ -324,6 +324,7 @@ class cuda_adam {
   // ---- host-driven (chunk_optimizer): synchronous, returns when the memory is updated ----
 
   void step(std::span<const chunk_arrays> chunks, const step_args& args) {
+    check_unbound("step");
     validate(args);
     upload_table(chunks, true);
     *host_state_ = detail::cuda_kernels::device_state{};
@@ -337,6 +338,7 @@ class cuda_adam {
   void step(const chunk_arrays& chunk, const step_args& args) { step(std::span<const chunk_arrays>(&chunk, 1), args); }
 
   double grad_sum_of_squares(std::span<const chunk_arrays> chunks) {
+    check_unbound("grad_sum_of_squares");
     upload_table(chunks, false);
     launch_squares();
     CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
@@ -367,7 +369,7 @@ class cuda_adam {
                                         cudaMemcpyHostToDevice),
                              "cuda_adam::bind (learning-rate schedule)");
     *host_state_ = detail::cuda_kernels::device_state{};
-    host_state_->loss_scale = validated.scale();
+    host_state_->loss_scale = options.loss_scaling ? validated.scale() : 1.0f;  // no scaling: the loss as it is
     CHUNKWISE_CUDA_TRY(cudaMemcpy(state_, host_state_, sizeof(detail::cuda_kernels::device_state), cudaMemcpyHostToDevice),
                              "cuda_adam::bind (state)");
     bound_ = true;
@@ -413,6 +415,13 @@ class cuda_adam {
     cudaFree(lr_schedule_);
     cudaFreeHost(host_table_);
     cudaFreeHost(host_state_);
+  }
+
+  // The host-driven calls would overwrite the bound chunk table and device state (step count, loss scale).
+  void check_unbound(const char* call) const {
+    if (bound_)
+      throw error(error_code::illegal_state, std::string("cuda_adam::") + call + " after bind(): a bound optimizer "
+                                             "runs enqueue_step() only (use another cuda_adam for host-driven steps)");
   }
 
   void allocate(void** where, std::size_t bytes, bool pinned) {

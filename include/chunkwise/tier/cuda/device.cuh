@@ -41,8 +41,12 @@ class cuda_device_tier {
   cuda_device_tier(const cuda_device_tier&) = delete;
   cuda_device_tier& operator=(const cuda_device_tier&) = delete;
   ~cuda_device_tier() {
+    int current = 0;  // the calling thread's device may be another GPU: synchronise this tier's, then restore it
+    const bool restore = cudaGetDevice(&current) == cudaSuccess && current != device_;
+    if (restore) (void)cudaSetDevice(device_);
     (void)cudaDeviceSynchronize();  // frees queued on streams have run
     (void)cudaMemPoolDestroy(pool_);
+    if (restore) (void)cudaSetDevice(current);
   }
 
   void* allocate(cudaStream_t stream, byte_count bytes, std::size_t alignment = 0) {
