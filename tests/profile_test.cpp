@@ -75,16 +75,15 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count, hold backward's workspac
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, V = 50257;
   const std::uint64_t embed = B * T * C * 4;
   const std::uint64_t layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
-  const std::uint64_t head = (B * T * (C + 2) + 2 * B * T * V + B * T) * 4;
+  const std::uint64_t head = (B * T * (C + 2) + B * T * V + B * T) * 4;  // the probabilities replace the logits
   CHECK(model.passes[0].activation_bytes == embed);
   CHECK(model.passes[1].activation_bytes == embed + layer);
   CHECK(model.passes[12].activation_bytes == embed + 12 * layer);
   CHECK(model.passes[13].activation_bytes == embed + 12 * layer + head);
   // Two slices of the residual stream's gradient, and one layer's activation gradients (17 B*T*C and the attention's
-  // two) in the memory of the head's larger dlnf and dlogits.
-  const std::uint64_t layer_gradients = 17 * B * T * C + 2 * B * H * T * T, head_gradients = B * T * (C + V);
-  REQUIRE(head_gradients > layer_gradients);
-  const std::uint64_t backward_workspace = (2 * B * T * C + head_gradients) * 4;
+  // two), whose memory holds the head's dlnf (its dlogits replace the probabilities).
+  const std::uint64_t layer_gradients = 17 * B * T * C + 2 * B * H * T * T;
+  const std::uint64_t backward_workspace = (2 * B * T * C + layer_gradients) * 4;
   CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + backward_workspace);
   CHECK(model.passes[15].activation_bytes == embed + 12 * layer + backward_workspace);  // h.11's backward
   CHECK(model.passes.back().activation_bytes == embed + backward_workspace);
@@ -326,15 +325,14 @@ model_profile trace_gpt2(const gpt2_config& config) {
   trace.touch(ln_f_w);
   trace.touch(ln_f_b);
   trace.touch(wte);
-  const auto head = trace.allocate_activation((B * T * (C + 2) + 2 * B * T * V + B * T) * e);
+  const auto head = trace.allocate_activation((B * T * (C + 2) + B * T * V + B * T) * e);
   trace.end_pass();
 
   trace.begin_pass("head", pass_kind::backward);
   for (const auto t : {ln_f_w, ln_f_b, wte}) trace.touch(t);
   // Backward's workspace, held until the embedding's backward pass: two alternating slices of the residual stream's
-  // gradient, and one layer's activation gradients or the head's dlnf and dlogits, in one place.
-  const auto workspace =
-      trace.allocate_activation((2 * B * T * C + std::max(17 * B * T * C + 2 * B * H * T * T, B * T * (C + V))) * e);
+  // gradient, and one layer's activation gradients or the head's dlnf, in one place.
+  const auto workspace = trace.allocate_activation((2 * B * T * C + 17 * B * T * C + 2 * B * H * T * T) * e);
   trace.free_activation(head);
   trace.end_pass();
   for (std::uint32_t l = config.layers; l-- > 0;) {
@@ -494,7 +492,7 @@ TEST_CASE("flash attention drops the score matrices and recompute keeps only lay
   const std::uint64_t slot = flash_layer - B * T * C * 4;
   CHECK(model.passes[3].activation_bytes == B * T * C * 4 + 3 * B * T * C * 4 + slot);
   // Backward of layer 11: everything saved, the slot it recomputes into, and backward's workspace.
-  const std::uint64_t workspace = (2 * B * T * C + std::max(17 * B * T * C + B * H * T, B * T * (C + 50257))) * 4;
+  const std::uint64_t workspace = (2 * B * T * C + 17 * B * T * C + B * H * T) * 4;
   CHECK(model.passes[15].activation_bytes == B * T * C * 4 + L * B * T * C * 4 + slot + workspace);
   CHECK(model.passes[15].flops == 3 * model.passes[12].flops);
   CHECK(gpt2_profile(gpt2_124m).peak_activation_bytes() > model.peak_activation_bytes() + L * (full_layer - B * T * C * 4) / 2);

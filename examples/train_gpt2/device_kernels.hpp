@@ -686,23 +686,21 @@ struct softmax_row_max {
   }
 };
 
-// Stage 3, one (row, segment) per index: the exponentials, and their sum over the segment.
+// Stage 3, one (row, segment) per index: the exponentials, in place of the logits, and their sum over the segment.
 struct softmax_segment_exp {
-  float* probs;
+  float* logits;
   float* sums;  // (rows, segments)
-  const float* logits;
   const float* row_max;
   row_segments s;
   index Vp;
   GPT2_HOST_DEVICE void operator()(index i) const {
     const index row = i / s.per_row(), segment = i % s.per_row();
-    const float* l = logits + row * Vp;
-    float* p = probs + row * Vp;
+    float* l = logits + row * Vp;
     const float m = row_max[row];
     float part = 0;
     for (index c = s.begin(segment); c < s.end(segment); ++c) {
-      p[c] = expf(l[c] - m);
-      part += p[c];
+      l[c] = expf(l[c] - m);
+      part += l[c];
     }
     sums[i] = part;
   }
@@ -716,7 +714,8 @@ struct softmax_row_sum {
   GPT2_HOST_DEVICE void operator()(index row) const { row_sum[row] = s.combine(sums, row); }
 };
 
-// Stage 5, one element (row, column of Vp) per index: the probabilities, the padded columns 0.
+// Stage 5, one element (row, column of Vp) per index: the probabilities, in place of the exponentials; the padded
+// columns 0.
 struct softmax_normalize {
   float* probs;
   const float* row_sum;
@@ -738,10 +737,9 @@ struct crossentropy_forward {
   }
 };
 
-// dlogits += (probs - onehot(target)) * dloss; i over rows*Vp, the padded columns untouched.
+// In place: probs becomes dlogits = (probs - onehot(target)) * dloss; i over rows*Vp, the padded columns keep 0.
 struct crossentropy_softmax_backward {
-  float* dlogits;
-  const float* probs;
+  float* probs;
   const int* targets;
   float dloss;
   index V, Vp;
@@ -749,7 +747,7 @@ struct crossentropy_softmax_backward {
     const index row = i / Vp, column = i % Vp;
     if (column >= V) return;
     const float indicator = column == static_cast<index>(targets[row]) ? 1.0f : 0.0f;
-    dlogits[i] += (probs[i] - indicator) * dloss;
+    probs[i] = (probs[i] - indicator) * dloss;
   }
 };
 

@@ -695,10 +695,10 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   using namespace device_kernels;
   device_detail::for_each_index(parts, softmax_segment_max{maxima, raw(s.logits), segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
-  device_detail::for_each_index(parts, softmax_segment_exp{raw(s.probs), sums, raw(s.logits), row_max, segments, s.Vp});
+  device_detail::for_each_index(parts, softmax_segment_exp{raw(s.logits), sums, row_max, segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_sum{row_sum, sums, segments});
-  device_detail::for_each_index(BT * s.Vp, softmax_normalize{raw(s.probs), row_sum, s.V, s.Vp});
-  device_detail::for_each_index(BT, device_kernels::crossentropy_forward{raw(s.losses), raw(s.probs), d_targets, s.Vp});
+  device_detail::for_each_index(BT * s.Vp, softmax_normalize{raw(s.logits), row_sum, s.V, s.Vp});  // probabilities
+  device_detail::for_each_index(BT, crossentropy_forward{raw(s.losses), raw(s.logits), d_targets, s.Vp});
   s.host_losses.resize(BT);
   thrust::copy_n(thrust::device_pointer_cast(raw(s.losses)), BT, s.host_losses.begin());
   double sum = 0;  // in double, in row order, as the CPU's head_forward
@@ -712,15 +712,15 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   auto& s = acts.buffers();
   const std::size_t BT = s.B * s.T, C = s.C, BTC = BT * C;
   const int* d_targets = s.upload(s.scratch.targets, s.uploaded_targets, targets, "targets");
-  zero(s.dlogits);
   zero(s.dlnf);
   float* dresidual = raw(s.dresidual) + s.dresidual_offset(s.L);
   zero(dresidual, BTC);
   const float* residual = raw(s.residual3) + (s.L - 1) * BTC;
   const float dloss = 1.0f / static_cast<float>(BT);
-  device_detail::for_each_index(BT * s.Vp, device_kernels::crossentropy_softmax_backward{
-                                               raw(s.dlogits), raw(s.probs), d_targets, dloss, s.V, s.Vp});
-  s.matmul.backward(raw(s.dlnf), d_wte, nullptr, raw(s.dlogits), raw(s.lnf), wte, BT, C, s.Vp);
+  float* dlogits = raw(s.logits);  // the probabilities forward left there, replaced
+  device_detail::for_each_index(BT * s.Vp,
+                                device_kernels::crossentropy_softmax_backward{dlogits, d_targets, dloss, s.V, s.Vp});
+  s.matmul.backward(raw(s.dlnf), d_wte, nullptr, dlogits, raw(s.lnf), wte, BT, C, s.Vp);
   device_detail::layernorm_backward(s, dresidual, d_ln_f_weight, d_ln_f_bias, raw(s.dlnf), residual, ln_f_weight,
                                     raw(s.lnf_mean), raw(s.lnf_rstd), BT);
 }

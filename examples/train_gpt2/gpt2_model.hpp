@@ -239,21 +239,22 @@ struct activations {
     return total_elements(config) * sizeof(Real);
   }
   /// Backward's workspace, held through the step: the two alternating slices of the residual stream's gradient, and
-  /// one block's activation gradients or the head's (dlnf, dlogits), which share their memory.
+  /// one block's activation gradients or the head's dlnf, which share their memory (the head's dlogits replace the
+  /// probabilities in place).
   [[nodiscard]] static std::size_t backward_workspace_elements(const model_config& config) {
     return activations<Real, detail::counted_buffer>(config, nullptr).workspace_elements();
   }
   [[nodiscard]] std::size_t held_elements() const noexcept { return saved_elements() + workspace_elements(); }
   [[nodiscard]] std::size_t workspace_elements() const noexcept { return dresidual.size() + gradient_scratch_.size(); }
 
-  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + 2*B*T*Vp + B*T,
+  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + B*T*Vp + B*T,
   /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp); under recompute the per-layer terms
   /// count one slot besides the L outputs.
   [[nodiscard]] std::size_t saved_elements() const noexcept {
     std::size_t n = 0;
     for (const auto* buffer : {&encoded, &ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &preatt, &att, &attproj,
                                &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &fcproj, &residual3, &lnf,
-                               &lnf_mean, &lnf_rstd, &logits, &probs, &losses})
+                               &lnf_mean, &lnf_rstd, &logits, &losses})
       n += buffer->size();
     return n;
   }
@@ -279,16 +280,18 @@ struct activations {
   Buffer fcproj;                   // (L, B, T, C)
   Buffer residual3;                // (L, B, T, C)    output of layer l, the input of layer l + 1
   Buffer lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T), (B, T)
-  Buffer logits, probs;            // (B, T, Vp), the padded columns' probabilities 0
+  Buffer logits;                   // (B, T, Vp)      the logits, then in place their probabilities (forward: the
+                                   //                 padded columns' 0), then the head's backward's dlogits
   Buffer losses;                   // (B, T)          cross-entropy of each position
 
   // Backward: gradients of the mean loss with respect to activations.
   Buffer dresidual;  // (2, B, T, C): d(input of layer l) at dresidual_offset(l); l = L: d(output of layer L-1)
   // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
   Buffer dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
-  // The head's, in the same memory as the layer's: each backward pass zeroes its own before use, and none uses both
-  // (at 124M, batch 4, context 1024, the layer's 617 MB inside the head's 837 MB).
-  Buffer dlnf, dlogits;
+  // The head's, in the same memory as the layer's: each backward pass zeroes its own before use, and none uses both.
+  // (Its dlogits, (B, T, Vp), replace the probabilities in `logits`: at 124M, batch 4, context 1024, 824 MB that
+  // llm.c's CPU trainer keeps three times, logits, probs and dlogits.)
+  Buffer dlnf;
 
   /// Where in dresidual the gradient of layer l's input lies (l = L: of the last layer's output). Layer l's backward
   /// reads l + 1's and writes l's, so two slices alternate (llm.c keeps all L + 1).
@@ -307,10 +310,10 @@ struct activations {
     ln2 = make(S * BTC), ln2_mean = make(S * BT), ln2_rstd = make(S * BT);
     fch = make(S * BTC * 4), fch_gelu = make(S * BTC * 4), fcproj = make(S * BTC), residual3 = make(L * BTC);
     lnf = make(BTC), lnf_mean = make(BT), lnf_rstd = make(BT);
-    logits = make(BT * Vp), probs = make(BT * Vp), losses = make(BT);
+    logits = make(BT * Vp), losses = make(BT);
 
     dresidual = make(2 * BTC);
-    gradient_scratch_ = make(std::max(17 * BTC + 2 * B * NH * T * T, BTC + BT * Vp));
+    gradient_scratch_ = make(17 * BTC + 2 * B * NH * T * T);  // the head's dlnf (BTC) fits in it
     std::size_t at = 0;
     const auto carve = [&](std::size_t n) {
       at += n;
@@ -322,7 +325,7 @@ struct activations {
     dattproj = carve(BTC), dresidual2 = carve(BTC), dln2 = carve(BTC);
     dfch = carve(BTC * 4), dfch_gelu = carve(BTC * 4), dfcproj = carve(BTC);
     at = 0;
-    dlnf = carve(BTC), dlogits = carve(BT * Vp);
+    dlnf = carve(BTC);
   }
   Buffer gradient_scratch_;  // the layer's and the head's activation gradients
   std::vector<Real> owned_;  // the memory of a span Buffer given none
@@ -648,22 +651,22 @@ void residual_backward(Real* dinp1, Real* dinp2, const Real* dout, std::size_t N
   }
 }
 
-// probs[b,t,:V] = softmax(logits[b,t,:V]) over the V tokens; rows have Vp >= V columns, the padded ones' probs 0.
+// In place: logits[b,t,:V] becomes softmax(logits[b,t,:V]) over the V tokens; rows have Vp >= V columns, the padded
+// ones' probabilities 0.
 template <class Real>
-void softmax_forward(Real* probs, const Real* logits, std::size_t B, std::size_t T, std::size_t V, std::size_t Vp) {
+void softmax_forward(Real* logits, std::size_t B, std::size_t T, std::size_t V, std::size_t Vp) {
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
-      const Real* logits_bt = logits + (b * T + t) * Vp;
-      Real* probs_bt = probs + (b * T + t) * Vp;
-      std::fill(probs_bt + V, probs_bt + Vp, Real(0));
+      Real* row = logits + (b * T + t) * Vp;
+      std::fill(row + V, row + Vp, Real(0));
       Real maxval = -std::numeric_limits<Real>::infinity();
-      for (std::size_t i = 0; i < V; ++i) maxval = std::max(maxval, logits_bt[i]);
+      for (std::size_t i = 0; i < V; ++i) maxval = std::max(maxval, row[i]);
       const Real sum = segmented_sum<Real>(V, softmax_segment, [&](std::size_t i) {
-        probs_bt[i] = std::exp(logits_bt[i] - maxval);
-        return probs_bt[i];
+        row[i] = std::exp(row[i] - maxval);
+        return row[i];
       });
-      for (std::size_t i = 0; i < V; ++i) probs_bt[i] /= sum;
+      for (std::size_t i = 0; i < V; ++i) row[i] /= sum;
     }
 }
 
@@ -675,20 +678,20 @@ void crossentropy_forward(Real* losses, const Real* probs, const int* targets, s
     losses[bt] = -std::log(probs[bt * Vp + static_cast<std::size_t>(targets[bt])]);
 }
 
-// Softmax and cross-entropy together: dlogits = (probs - onehot(target)) * dloss, with dloss = 1 / (B*T) for every
-// position (the loss is the mean). Rows of Vp columns; the padded columns past V get nothing.
+// Softmax and cross-entropy together, in place (the one backward kernel that overwrites: nothing else reads the
+// probabilities): probs becomes dlogits = (probs - onehot(target)) * dloss, with dloss = 1 / (B*T) for every
+// position (the loss is the mean). Rows of Vp columns; the padded columns past V keep their 0.
 template <class Real>
-void crossentropy_softmax_backward(Real* dlogits, const Real* probs, const int* targets, Real dloss, std::size_t B,
-                                   std::size_t T, std::size_t V, std::size_t Vp) {
+void crossentropy_softmax_backward(Real* probs, const int* targets, Real dloss, std::size_t B, std::size_t T,
+                                   std::size_t V, std::size_t Vp) {
 #pragma omp parallel for collapse(2)
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t t = 0; t < T; ++t) {
-      Real* dlogits_bt = dlogits + (b * T + t) * Vp;
-      const Real* probs_bt = probs + (b * T + t) * Vp;
+      Real* row = probs + (b * T + t) * Vp;
       const std::size_t target = static_cast<std::size_t>(targets[b * T + t]);
       for (std::size_t i = 0; i < V; ++i) {
         const Real indicator = i == target ? Real(1) : Real(0);
-        dlogits_bt[i] += (probs_bt[i] - indicator) * dloss;
+        row[i] = (row[i] - indicator) * dloss;
       }
     }
 }
@@ -759,8 +762,8 @@ Real head_forward(const Real* ln_f_weight, const Real* ln_f_bias, const Real* wt
   layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual, ln_f_weight, ln_f_bias, B,
                     T, C);
   matmul_forward(acts.logits.data(), acts.lnf.data(), wte, static_cast<const Real*>(nullptr), B, T, C, Vp);
-  softmax_forward(acts.probs.data(), acts.logits.data(), B, T, V, Vp);
-  crossentropy_forward(acts.losses.data(), acts.probs.data(), targets, B, T, Vp);
+  softmax_forward(acts.logits.data(), B, T, V, Vp);  // now the probabilities
+  crossentropy_forward(acts.losses.data(), acts.logits.data(), targets, B, T, Vp);
   double sum = 0;
   for (const Real loss : acts.losses) sum += static_cast<double>(loss);
   return static_cast<Real>(sum / static_cast<double>(B * T));
@@ -777,16 +780,15 @@ void head_backward(const Real* ln_f_weight, const Real* wte, Real* d_ln_f_weight
   const std::size_t B = acts.B, T = acts.T, C = acts.C, V = acts.V, Vp = acts.Vp, BTC = B * T * C;
   using namespace kernels;
   check_tokens(targets, B * T, V, "targets");
-  zero(acts.dlogits);
   zero(acts.dlnf);
   Real* dresidual = acts.dresidual.data() + acts.dresidual_offset(acts.L);
   std::fill(dresidual, dresidual + BTC, Real(0));
   const Real* residual = acts.residual3.data() + (acts.L - 1) * BTC;
 
   const Real dloss = Real(1) / Real(B * T);
-  crossentropy_softmax_backward(acts.dlogits.data(), acts.probs.data(), targets, dloss, B, T, V, Vp);
-  matmul_backward(acts.dlnf.data(), d_wte, static_cast<Real*>(nullptr), acts.dlogits.data(), acts.lnf.data(), wte, B,
-                  T, C, Vp);
+  Real* dlogits = acts.logits.data();  // the probabilities forward left there, replaced
+  crossentropy_softmax_backward(dlogits, targets, dloss, B, T, V, Vp);
+  matmul_backward(acts.dlnf.data(), d_wte, static_cast<Real*>(nullptr), dlogits, acts.lnf.data(), wte, B, T, C, Vp);
   layernorm_backward(dresidual, d_ln_f_weight, d_ln_f_bias, acts.dlnf.data(), residual, ln_f_weight,
                      acts.lnf_mean.data(), acts.lnf_rstd.data(), B, T, C);
 }

@@ -65,7 +65,7 @@ struct pass_costs {
   chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
   // Under recompute a block keeps only its output (B*T*C) and works in the one shared slot of the rest.
   chunkwise::byte_count layer_saved() const { return recompute ? B * T * C * f : layer(); }
-  chunkwise::byte_count head() const { return (B * T * (C + 2) + 2 * B * T * Vp + B * T) * f; }
+  chunkwise::byte_count head() const { return (B * T * (C + 2) + B * T * Vp + B * T) * f; }  // probs over logits
   // Buffers the trainer holds through the step, counted as every pass's scratch (so each pass's bytes are what is
   // live while it runs): the recompute slot in every pass, backward's workspace in every backward pass.
   chunkwise::byte_count slot() const { return recompute ? layer() - B * T * C * f : 0; }

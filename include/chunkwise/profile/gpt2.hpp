@@ -13,7 +13,8 @@
 //   layer:    B*T*(18*C + 4) + 2*B*H*T*T                   (ln1, qkv, atty, attproj, residual2, ln2, fch, fch_gelu,
 //                                                           fcproj, residual3 = 18*C per token; 4 layer-norm stats;
 //                                                           preatt and att are H*T*T per sequence)
-//   head:     B*T*(C + 2) + 2*B*T*V + B*T                   (lnf and its stats, logits, probs, losses)
+//   head:     B*T*(C + 2) + B*T*V + B*T                     (lnf and its stats, the logits, which the softmax
+//                                                           turns into the probabilities in place, losses)
 // With flash_attention the H*T*T score matrices are not kept (B*H*T softmax statistics are), as FlashAttention does.
 // With recompute (activation checkpointing per layer) a layer keeps only its output, B*T*C, and its backward pass
 // recomputes the layer first, in one slot of a layer's other activations (B*T*(17*C + 4) + the scores) that every
@@ -21,7 +22,8 @@
 // A forward pass holds everything saved so far. A backward pass holds what is still saved plus backward's workspace,
 // held from the head's backward pass to the embedding's: the gradient of the residual stream in two alternating
 // slices (2*B*T*C), and in the same memory one layer's activation gradients (B*T*17*C + the scores') or the head's
-// dlnf (B*T*C) and dlogits (B*T*V), whichever is larger: no pass uses both. The peak is the head's backward pass:
+// dlnf (B*T*C): no pass uses both (the head's dlogits replace the probabilities in place, as llm.c's CUDA trainer
+// does; its CPU trainer keeps logits, probs and dlogits, 3*B*T*V). The peak is the head's backward pass:
 // all saved, the slot and the workspace, the memory the example trainer allocates (examples/train_gpt2:
 // activations<float>). Times size_of(dtype) bytes.
 //
@@ -122,12 +124,11 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
       (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : 2 * b * h * t * t)) * element;
   const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
   const byte_count slot = config.recompute ? layer_acts - b * t * c * element : 0;  // where a layer is recomputed
-  const byte_count head_acts = (b * t * (c + 2) + 2 * b * t * v + b * t) * element;
+  const byte_count head_acts = (b * t * (c + 2) + b * t * v + b * t) * element;
   // Backward's workspace: two alternating slices of the residual stream's gradient, and one block's activation
-  // gradients or the head's (dlnf, dlogits) in the same memory, as no pass uses both.
+  // gradients or, in the same memory, the head's dlnf (B*T*C, the smaller), as no pass uses both.
   const byte_count block_gradients = 17 * b * t * c + (config.flash_attention ? b * h * t : 2 * b * h * t * t);
-  const byte_count backward_workspace =
-      (2 * b * t * c + (block_gradients > b * t * (c + v) ? block_gradients : b * t * (c + v))) * element;
+  const byte_count backward_workspace = (2 * b * t * c + block_gradients) * element;
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
   const std::uint64_t head_flops = 2 * b * t * c * v;
 
