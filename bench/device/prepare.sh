@@ -35,5 +35,6 @@ for test in $tests; do cp "$build/tests/cuda/$test" .device-carry/tests/cuda/; d
 find .device-carry -type f -perm -u+x -exec ldd {} + | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libnccl' |
   while read -r lib; do cp -L "$lib" .device-carry/lib/; done
+bash bench/device/sources_fingerprint.sh > .device-carry/SOURCES  # run.sh uses the build for these sources only
 du -sh .device-carry .device-debs
 ls .device-carry/lib .device-debs

@@ -3,7 +3,7 @@
 # CUDA tests under compute-sanitizer's memcheck, then GPT-2 at the 124M shape (12 layers, 768 channels, 12 heads,
 # GPT-2's 50257 tokens padded to 50304, context 256, batch 4):
 #   1. the loss after 4 steps, train_gpt2 --backend cuda (resident, and streamed under a 2 GiB device budget, below
-#      its 3.4 GB of training state and activations) against --backend host: relative difference;
+#      its 3.3 GB of training state and activations) against --backend host: relative difference;
 #   2. tokens/s and model FLOPs utilisation of --backend cuda, beside PyTorch on the same GPU (Hugging Face's
 #      GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run: fp32 at that shape (and FSDP
 #      with CPU offload against the streamed run), and bf16 at the throughput shape, batch 32 at context 256.
@@ -16,7 +16,8 @@
 # What the machine lacks travels with the working tree, made by bench/device/prepare.sh on a workstation: Debian's
 # doctest-dev and nlohmann-json3-dev as .deb files in .device-debs/, unpacked into a prefix the build finds, and a
 # build for sm_90 in .device-carry/ (train_gpt2, the tests, the libraries they link in lib/) that saves the compile
-# there; one that does not start there is ignored. NCCL from the toolkit, else from PyTorch's wheel.
+# there; one built from other sources (its SOURCES fingerprint, sources_fingerprint.sh) or that does not start there
+# is ignored. NCCL from the toolkit, else from PyTorch's wheel.
 #   run(command="bash bench/device/run.sh", carry=[".device-carry", ".device-debs"], timeout_s=540)
 # Usage (on the device machine): bash bench/device/run.sh [OUT_DIR=$OUT or /tmp/chunkwise-device]
 # MEMCHECK_TESTS="..." names the CUDA tests to run under memcheck (default: all, none under QUICK=1); DEADLINE_S (500)
@@ -62,11 +63,20 @@ if [ ! -f /usr/local/cuda/include/nccl.h ]; then
   fi
 fi
 # A build carried from a workstation with the same toolkit (.device-carry, sm_90; its libraries in lib/) saves this
-# machine the compile; where it does not start here (other system libraries), build here.
+# machine the compile; where it was built from other sources (its SOURCES fingerprint differs from these), or does
+# not start here (other system libraries), build here.
 bin=build/device
 export LD_LIBRARY_PATH="$PWD/.device-carry/lib:${LD_LIBRARY_PATH:-}"
-if [ -x .device-carry/examples/train_gpt2/train_gpt2 ] &&
-   .device-carry/examples/train_gpt2/train_gpt2 --help > "$logs/carried.log" 2>&1; then
+sources=$(bash bench/device/sources_fingerprint.sh) carried=
+if [ -x .device-carry/examples/train_gpt2/train_gpt2 ]; then
+  if [ "$(cat .device-carry/SOURCES 2>/dev/null)" != "$sources" ]; then
+    stamp "the carried build is from other sources (SOURCES $(cat .device-carry/SOURCES 2>/dev/null || echo none)," \
+          "these $sources): building here"
+  elif .device-carry/examples/train_gpt2/train_gpt2 --help > "$logs/carried.log" 2>&1; then
+    carried=1
+  fi
+fi
+if [ -n "$carried" ]; then
   bin=.device-carry
   targets=$(cd .device-carry/tests/cuda 2>/dev/null && ls chunkwise_cuda_*_test 2>/dev/null | tr '\n' ' ')
   [ -n "${QUICK:-}" ] && targets=chunkwise_cuda_gpt2_device_test
