@@ -91,6 +91,66 @@ struct chunkwise::backend_parts<binding_backend> : backend_parts<isolated_backen
 
 namespace {
 
+// isolated_comm whose collectives run after the work queued on the device's default stream, as NCCL's run on a
+// stream ordered with CUDA's legacy default stream (nccl_comm refuses any other): the runtime then hands a ZeRO-3
+// gather a cache block whose fetch only the default stream waits for (follows_compute_stream).
+class ordered_isolated_comm {
+ public:
+  using request = isolated_comm::request;
+  explicit ordered_isolated_comm(thread_comm comm) : comm_(std::move(comm)) {}
+  [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
+  [[nodiscard]] int size() const noexcept { return comm_.size(); }
+  template <transferable_element T>
+  request all_gather(std::span<const T> in, std::span<T> out) {
+    return after_default_stream([&] { return comm_.all_gather(in, out); });
+  }
+  template <reducible_element T>
+  request reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    return after_default_stream([&] { return comm_.reduce_scatter(in, out, op); });
+  }
+  template <reducible_element T>
+  request all_reduce(std::span<const T> in, std::span<T> out, reduce_op op) {
+    return after_default_stream([&] { return comm_.all_reduce(in, out, op); });
+  }
+  template <transferable_element T>
+  request broadcast(std::span<T> buffer, int root) {
+    return after_default_stream([&] { return comm_.broadcast(buffer, root); });
+  }
+  request barrier() { return comm_.barrier(); }
+  ordered_isolated_comm split(int color, int key) { return ordered_isolated_comm(comm_.split(color, key)); }
+
+ private:
+  explicit ordered_isolated_comm(isolated_comm comm) : comm_(std::move(comm)) {}
+  template <class Issue>
+  static request after_default_stream(Issue&& issue) {
+    isolated_default_stream::get().synchronize();
+    return issue();
+  }
+  isolated_comm comm_;
+};
+
+// The isolated device whose copies land 2 ms after they are queued: a block's fetch is still in flight when the
+// block is acquired.
+class slow_copy_backend : public isolated_backend {
+ public:
+  void copy_async(host_stream& stream, void* dst, const void* src, byte_count bytes) {
+    stream.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
+    isolated_backend::copy_async(stream, dst, src, bytes);
+  }
+};
+
+}  // namespace
+
+template <>
+struct chunkwise::backend_parts<slow_copy_backend> : backend_parts<isolated_backend> {};
+template <>
+inline constexpr bool chunkwise::reaches_device_memory<ordered_isolated_comm> = true;
+template <>
+inline constexpr bool chunkwise::follows_compute_stream<ordered_isolated_comm> = true;
+static_assert(chunkwise::communicator<ordered_isolated_comm>);
+
+namespace {
+
 // The toy's weights are 6.25 KiB but the first and last: four chunks, layers 0, 1, 2, and 3 with 4.
 using toy_layout = layout::fixed<8 * KiB>;
 template <class P>
@@ -110,6 +170,7 @@ struct toy_run {
   std::optional<optim::loss_scaler_config> loss_scaling{};
   byte_count device_budget = ~byte_count{0};
   std::chrono::milliseconds rank0_pass_delay{0};  // rank 0 computes each pass this much slower than the others
+  bool queued_default_stream = false;  // isolated backend: its default stream a queue of its own (else the caller)
   std::filesystem::path load_from{};  // a checkpoint restored before the first step
   std::filesystem::path save_to{};    // a checkpoint saved after the last step
 };
@@ -150,6 +211,8 @@ toy_result train(const toy_run& run) {
   for (int r = 0; r < run.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
+        std::optional<isolated_default_stream::queued> queued_default;  // this rank thread's
+        if (run.queued_default_stream) queued_default.emplace();
         Comm comm(world.comm(r));
         std::atomic<std::uint64_t> asked{0};
         runtime_options o;
@@ -556,7 +619,7 @@ TEST_CASE("a pass released while its kernels are still queued hands its chunks o
   // kernels wrote and read: the same bits as kernels run before the release. Unordered, the copy down would take the
   // zeroed accumulator, and the next fetch would overwrite the parameters the kernel reads.
   using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
-  using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+  using streamed = plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>;
   const auto offloaded_in_order = train_with_kernels<offloaded>(kernels::before_release);
   CHECK(train_with_kernels<offloaded>(kernels::trainer_stream) == offloaded_in_order);
   const auto streamed_in_order = train_with_kernels<streamed>(kernels::before_release);
@@ -581,7 +644,7 @@ TEST_CASE("gradient accumulators are made, zeroed and given back on the compute 
   // default stream to wait on (device_cache::acquire_for); waiting for it on the host would meet the held stream.
   using on_device = on_toy<plan<toy_layout, resident, replicated, optimizer_follows_home>>;
   using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
-  using streamed = on_toy<plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>>;
+  using streamed = plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>;
   const auto in_order = train_with_kernels<offloaded>(kernels::before_release);
   bool waited = false;
   CHECK(train_with_kernels<on_device>(kernels::default_stream, &waited) == in_order);
@@ -907,6 +970,23 @@ TEST_CASE("ZeRO-3 over streamed homes gathers passes ahead, from cache blocks st
     if (ranks == 1) CHECK(result.traffic.gathers_ahead == 0);
     else CHECK(result.traffic.gathers_ahead > 0);
     CHECK(result.cache.prefetches > 0);
+  }
+}
+
+TEST_CASE("ZeRO-3 gathers over a communicator that follows the default stream wait for their blocks there") {
+  // As nccl_comm on a GPU: no host wait for a cache block's fetch before its gather (prefetched or not); the default
+  // stream waits for it, and the collective runs after the default stream's work. A gather that read its block before
+  // the fetch landed (each lands 2 ms after it is queued) would train to other parameters.
+  const auto expected = reference({}).parameters;
+  using streamed = plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+  for (const bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto result = train<streamed, slow_copy_backend, ordered_isolated_comm>(
+        {.ranks = 2, .overlap = overlap, .device_blocks = 3, .queued_default_stream = true});
+    CHECK(toy::worst_relative_difference(result.parameters, expected) < 1e-5);
+    MESSAGE(result.cache.summary());
+    CHECK(result.traffic.gathers_ahead > 0);
+    CHECK(result.cache.stream_ordered > 0);  // fetches still in flight, waited for on the default stream
   }
 }
 
