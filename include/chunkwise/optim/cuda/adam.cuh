@@ -326,25 +326,27 @@ class cuda_adam {
   void step(std::span<const chunk_arrays> chunks, const step_args& args) {
     check_unbound("step");
     validate(args);
-    upload_table(chunks, true);
-    *host_state_ = detail::cuda_kernels::device_state{};
-    host_state_->coefficients = make_coefficients(config_, args);
-    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(state_, host_state_, sizeof(detail::cuda_kernels::device_state),
-                                             cudaMemcpyHostToDevice, stream_),
-                             "cuda_adam::step (coefficients)");
-    launch_update();
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::step");
+    synchronized_after("cuda_adam::step", [&] {
+      upload_table(chunks, true);
+      *host_state_ = detail::cuda_kernels::device_state{};
+      host_state_->coefficients = make_coefficients(config_, args);
+      CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(state_, host_state_, sizeof(detail::cuda_kernels::device_state),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "cuda_adam::step (coefficients)");
+      launch_update();
+    });
   }
   void step(const chunk_arrays& chunk, const step_args& args) { step(std::span<const chunk_arrays>(&chunk, 1), args); }
 
   double grad_sum_of_squares(std::span<const chunk_arrays> chunks) {
     check_unbound("grad_sum_of_squares");
-    upload_table(chunks, false);
-    launch_squares();
-    CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
-                                             cudaMemcpyDeviceToHost, stream_),
-                             "cuda_adam::grad_sum_of_squares");
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::grad_sum_of_squares");
+    synchronized_after("cuda_adam::grad_sum_of_squares", [&] {
+      upload_table(chunks, false);
+      launch_squares();
+      CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(&host_state_->sum_of_squares, &state_->sum_of_squares, sizeof(double),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "cuda_adam::grad_sum_of_squares");
+    });
     return host_state_->sum_of_squares;
   }
 
@@ -358,7 +360,7 @@ class cuda_adam {
     if (!(options.max_grad_norm >= 0.0f))
       throw error(error_code::invalid_argument, "cuda_adam::bind: max_grad_norm must be >= 0");
     const loss_scaler validated(options.loss_scaling.value_or(loss_scaler_config{}));  // throws on bad settings
-    upload_table(chunks, true);
+    synchronized_after("cuda_adam::bind (chunk table upload)", [&] { upload_table(chunks, true); });
     settings_ = {config_, options.max_grad_norm, options.loss_scaling ? 1 : 0, validated.config(),
                  (options.max_grad_norm > 0.0f || options.loss_scaling) ? 1 : 0};
     cudaFree(lr_schedule_);
@@ -417,6 +419,19 @@ class cuda_adam {
     cudaFreeHost(host_state_);
   }
 
+  // Runs `queue` (work on the stream reading or writing the pinned host table and state), then waits for the stream,
+  // also when `queue` throws: the host copies are free for the next call's writes once this returns.
+  template <class Queue>
+  void synchronized_after(const char* context, Queue&& queue) {
+    try {
+      queue();
+    } catch (...) {
+      (void)cudaStreamSynchronize(stream_);
+      throw;
+    }
+    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), context);
+  }
+
   // The host-driven calls would overwrite the bound chunk table and device state (step count, loss scale).
   void check_unbound(const char* call) const {
     if (bound_)
@@ -460,10 +475,11 @@ class cuda_adam {
       host_table_[k] = {c.master, c.grad, c.moment1, c.moment2, c.working, c.count, grad, working, vectorized};
     }
     chunks_ = static_cast<int>(chunks.size());
+    // Queued only: every caller waits for the stream before it returns (synchronized_after), so the pinned table is
+    // not written again while this copy may still read it; the kernels after it on the stream see the new table.
     CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(table_, host_table_, chunks.size() * sizeof(detail::cuda_kernels::device_chunk),
-                                             cudaMemcpyHostToDevice, stream_),
-                             "cuda_adam (chunk table upload)");
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam (chunk table upload)");
+                                       cudaMemcpyHostToDevice, stream_),
+                       "cuda_adam (chunk table upload)");
   }
 
   void launch_squares() {
