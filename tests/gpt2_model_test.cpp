@@ -774,7 +774,7 @@ TEST_CASE("activation checkpointing recomputes each block in backward: the same 
   CHECK(std::equal(p.begin(), p.end(), q.begin(), q.end()));
   // The activations held: one block's intermediates instead of L, every block's output still kept.
   const gpt2::activations<float> all(tiny_config()), one(checkpointed);
-  const std::size_t BTC = 2 * 16 * 32, per_layer = 2 * 16 * (18 * 32 + 4) + 2 * 2 * 4 * 16 * 16;
+  const std::size_t BTC = 2 * 16 * 32, per_layer = 2 * 16 * (18 * 32 + 4) + 2 * 4 * 16 * 16;  // B*NH*T*T weights
   CHECK(all.saved_elements() - one.saved_elements() == (tiny_config().layers - 1) * (per_layer - BTC));
   // The traced schedule follows: a lower activation peak, a third more block FLOPs in backward.
   const auto full = gpt2::trace_profile(tiny_config()), lean = gpt2::trace_profile(checkpointed);

@@ -74,7 +74,7 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count, hold backward's workspac
   const auto model = gpt2_profile(config);
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, V = 50257;
   const std::uint64_t embed = B * T * C * 4;
-  const std::uint64_t layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
+  const std::uint64_t layer = (B * T * (18 * C + 4) + B * H * T * T) * 4;
   const std::uint64_t head = (B * T * (C + 2) + B * T * V + B * T) * 4;  // the probabilities replace the logits
   CHECK(model.passes[0].activation_bytes == embed);
   CHECK(model.passes[1].activation_bytes == embed + layer);
@@ -318,7 +318,7 @@ model_profile trace_gpt2(const gpt2_config& config) {
   for (std::uint32_t l = 0; l < config.layers; ++l) {
     trace.begin_pass(("h." + std::to_string(l)).c_str(), pass_kind::forward);
     for (const auto t : layers[l]) trace.touch(t);
-    saved.push_back(trace.allocate_activation((B * T * (18 * C + 4) + 2 * B * H * T * T) * e));
+    saved.push_back(trace.allocate_activation((B * T * (18 * C + 4) + B * H * T * T) * e));
     trace.end_pass();
   }
   trace.begin_pass("head", pass_kind::forward);
@@ -480,7 +480,7 @@ TEST_CASE("a machine profile keeps the NVMe store's CPU cost per byte; older pro
 TEST_CASE("flash attention drops the score matrices and recompute keeps only layer inputs") {
   auto config = gpt2_124m;
   const std::uint64_t B = 4, T = 1024, C = 768, H = 12, L = 12;
-  const std::uint64_t full_layer = (B * T * (18 * C + 4) + 2 * B * H * T * T) * 4;
+  const std::uint64_t full_layer = (B * T * (18 * C + 4) + B * H * T * T) * 4;
   const std::uint64_t flash_layer = (B * T * (18 * C + 4) + B * H * T) * 4;
   config.flash_attention = true;
   auto model = gpt2_profile(config);

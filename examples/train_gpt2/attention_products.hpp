@@ -54,14 +54,14 @@ inline strided_gemm heads(const attention_geometry& g) {
 }
 }  // namespace detail
 
-/// Forward: preatt[b, h, t, t2] = scale * q(t) . k(t2), every t2. Column-major: preatt^T = scale K^T . Q.
-inline strided_gemm scores(const attention_geometry& g, const float* qkv, float* preatt, index b) {
+/// Forward: scores[b, h, t, t2] = scale * q(t) . k(t2), every t2. Column-major: scores^T = scale K^T . Q.
+inline strided_gemm scores(const attention_geometry& g, const float* qkv, float* out, index b) {
   auto p = detail::heads(g);
   p.transpose_a = true;
   p.m = g.T, p.n = g.T, p.k = g.hs(), p.alpha = g.scale();
   p.a = detail::head_part(g, qkv, b, 1), p.lda = 3 * g.C, p.stride_a = g.hs();
   p.b = detail::head_part(g, qkv, b, 0), p.ldb = 3 * g.C, p.stride_b = g.hs();
-  p.c = preatt + detail::blocks_of(g, b), p.ldc = g.T, p.stride_c = g.T * g.T;
+  p.c = out + detail::blocks_of(g, b), p.ldc = g.T, p.stride_c = g.T * g.T;
   return p;
 }
 

@@ -467,9 +467,9 @@ struct attention_geometry {
   }
 };
 
-// Forward 1: preatt[row, t2] = q(t) . k(t2) * scale, one (row, t2 <= t) per index.
+// Forward 1: scores[row, t2] = q(t) . k(t2) * scale, one (row, t2 <= t) per index.
 struct attention_scores {
-  float* preatt;
+  float* scores;  // att, which the softmax then turns into the weights in place
   const float* qkv;
   attention_geometry g;
   GPT2_HOST_DEVICE void operator()(index i) const {
@@ -479,25 +479,23 @@ struct attention_scores {
     const float* key = qkv + g.at(b, t2, h, 1);
     float score = 0;
     for (index k = 0; k < g.hs(); ++k) score += query[k] * key[k];
-    preatt[i] = score * g.scale();
+    scores[i] = score * g.scale();
   }
 };
 
-// Forward 2: att = softmax over t2 <= t of preatt, and 0 past t (what a product over the whole row then adds for the
-// masked positions: attention_products.hpp), one row per index.
+// Forward 2, in place: att's scores become their softmax over t2 <= t, and 0 past t (what a product over the whole
+// row then adds for the masked positions: attention_products.hpp), one row per index.
 struct attention_softmax {
   float* att;
-  const float* preatt;
   index T;
   GPT2_HOST_DEVICE void operator()(index row) const {
     const index t = row % T;
-    const float* p = preatt + row * T;
     float* a = att + row * T;
     float maxval = -INFINITY;
-    for (index t2 = 0; t2 <= t; ++t2) maxval = fmaxf(maxval, p[t2]);
+    for (index t2 = 0; t2 <= t; ++t2) maxval = fmaxf(maxval, a[t2]);
     float expsum = 0;
     for (index t2 = 0; t2 <= t; ++t2) {
-      const float e = expf(p[t2] - maxval);
+      const float e = expf(a[t2] - maxval);
       expsum += e;
       a[t2] = e;
     }

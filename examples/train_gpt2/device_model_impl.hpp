@@ -514,15 +514,15 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
 // Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one strided batch of
 // the NH heads per sequence (attention_products.hpp); on the host the per-element stages, in the CPU loops' order.
 inline void attention_forward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* out,
-                              float* preatt, float* att, const float* qkv) {
+                              float* att, const float* qkv) {
   using namespace device_kernels;
   const index B = s.B;
 #if defined(__CUDACC__)
-  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::scores(g, qkv, preatt, b), "GPT-2 attention scores");
+  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::scores(g, qkv, att, b), "GPT-2 attention scores");
 #else
-  for_each_index(B * g.NH * g.T * g.T, attention_scores{preatt, qkv, g});
+  for_each_index(B * g.NH * g.T * g.T, attention_scores{att, qkv, g});
 #endif
-  for_each_index(B * g.NH * g.T, attention_softmax{att, preatt, g.T});
+  for_each_index(B * g.NH * g.T, attention_softmax{att, g.T});  // in place
 #if defined(__CUDACC__)
   for (index b = 0; b < B; ++b) s.matmul.run(attention_products::values(g, att, qkv, out, b), "GPT-2 attention values");
 #else
@@ -652,7 +652,6 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   float* ln1_rstd = raw(s.ln1_rstd) + k * BT;
   float* qkv = raw(s.qkv) + k * BTC * 3;
   float* atty = raw(s.atty) + k * BTC;
-  float* preatt = raw(s.preatt) + k * B * NH * T * T;
   float* att = raw(s.att) + k * B * NH * T * T;
   float* attproj = raw(s.attproj) + k * BTC;
   float* residual2 = raw(s.residual2) + k * BTC;
@@ -666,7 +665,7 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
 
   device_detail::layernorm_forward(s, ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], BT);
   s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
-  device_detail::attention_forward(s, attention_geometry{T, C, NH}, atty, preatt, att, qkv);
+  device_detail::attention_forward(s, attention_geometry{T, C, NH}, atty, att, qkv);
   s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
   for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
   device_detail::layernorm_forward(s, ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], BT);

@@ -247,12 +247,12 @@ struct activations {
   [[nodiscard]] std::size_t held_elements() const noexcept { return saved_elements() + workspace_elements(); }
   [[nodiscard]] std::size_t workspace_elements() const noexcept { return dresidual.size() + gradient_scratch_.size(); }
 
-  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + 2*B*NH*T*T) + B*T*(C+2) + B*T*Vp + B*T,
+  /// Elements forward keeps for backward: B*T*C + L*(B*T*(18C+4) + B*NH*T*T) + B*T*(C+2) + B*T*Vp + B*T,
   /// the profile's activation count for this model (chunkwise/profile/gpt2.hpp); under recompute the per-layer terms
   /// count one slot besides the L outputs.
   [[nodiscard]] std::size_t saved_elements() const noexcept {
     std::size_t n = 0;
-    for (const auto* buffer : {&encoded, &ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &preatt, &att, &attproj,
+    for (const auto* buffer : {&encoded, &ln1, &ln1_mean, &ln1_rstd, &qkv, &atty, &att, &attproj,
                                &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &fcproj, &residual3, &lnf,
                                &lnf_mean, &lnf_rstd, &logits, &losses})
       n += buffer->size();
@@ -272,7 +272,7 @@ struct activations {
   Buffer ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
   Buffer qkv;                      // (L, B, T, 3C)   queries, keys, values
   Buffer atty;                     // (L, B, T, C)    attention output, before the projection
-  Buffer preatt, att;              // (L, B, NH, T, T) scores before and after the causal softmax
+  Buffer att;                      // (L, B, NH, T, T) the causal softmax of the scores (computed in place)
   Buffer attproj;                  // (L, B, T, C)
   Buffer residual2;                // (L, B, T, C)    residual stream after attention
   Buffer ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
@@ -305,7 +305,7 @@ struct activations {
     encoded = make(BTC);
     ln1 = make(S * BTC), ln1_mean = make(S * BT), ln1_rstd = make(S * BT);
     qkv = make(S * BTC * 3), atty = make(S * BTC);
-    preatt = make(S * B * NH * T * T), att = make(S * B * NH * T * T);
+    att = make(S * B * NH * T * T);
     attproj = make(S * BTC), residual2 = make(S * BTC);
     ln2 = make(S * BTC), ln2_mean = make(S * BT), ln2_rstd = make(S * BT);
     fch = make(S * BTC * 4), fch_gelu = make(S * BTC * 4), fcproj = make(S * BTC), residual3 = make(L * BTC);
@@ -519,12 +519,13 @@ std::vector<Real> head_transposed(const Real* inp, std::size_t b, std::size_t h,
 }
 
 // Causal multi-head self-attention. inp is qkv (B, T, 3C): query, key, value at channel offsets 0, C, 2C, each split
-// into NH heads of hs = C / NH channels. preatt and att are (B, NH, T, T); only t2 <= t is written (the rest stays 0).
+// into NH heads of hs = C / NH channels. att is (B, NH, T, T): the scores, then in place their softmax (backward reads
+// only that); only t2 <= t is written (the rest stays 0).
 // Parallel over (b, h). Every element is summed in llm.c's order (the device functors' too), only the loops are
 // arranged so that the inner one runs over independent elements.
 template <class Real>
-void attention_forward(Real* out, Real* preatt, Real* att, const Real* inp, std::size_t B, std::size_t T,
-                       std::size_t C, std::size_t NH) {
+void attention_forward(Real* out, Real* att, const Real* inp, std::size_t B, std::size_t T, std::size_t C,
+                       std::size_t NH) {
   const std::size_t C3 = 3 * C, hs = C / NH;
   const Real scale = Real(1) / std::sqrt(Real(hs));
 #pragma omp parallel for collapse(2)
@@ -533,21 +534,20 @@ void attention_forward(Real* out, Real* preatt, Real* att, const Real* inp, std:
       const std::vector<Real> keys = head_transposed(inp, b, h, 1, T, C, hs);
       for (std::size_t t = 0; t < T; ++t) {
         const Real* query = inp + (b * T + t) * C3 + h * hs;
-        Real* preatt_bth = preatt + ((b * NH + h) * T + t) * T;
         Real* att_bth = att + ((b * NH + h) * T + t) * T;
 
         // 1: scores q.k / sqrt(hs) and their maximum
-        std::fill(preatt_bth, preatt_bth + t + 1, Real(0));
-        for (std::size_t i = 0; i < hs; ++i) add_scaled(preatt_bth, keys.data() + i * T, query[i], t + 1);
+        std::fill(att_bth, att_bth + t + 1, Real(0));
+        for (std::size_t i = 0; i < hs; ++i) add_scaled(att_bth, keys.data() + i * T, query[i], t + 1);
         Real maxval = -std::numeric_limits<Real>::infinity();
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          preatt_bth[t2] *= scale;
-          maxval = std::max(maxval, preatt_bth[t2]);
+          att_bth[t2] *= scale;
+          maxval = std::max(maxval, att_bth[t2]);
         }
-        // 2: softmax over t2 <= t (the causal mask: later positions get weight 0)
+        // 2: softmax over t2 <= t, in place (the causal mask: later positions get weight 0)
         Real expsum = 0;
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
-          const Real e = std::exp(preatt_bth[t2] - maxval);
+          const Real e = std::exp(att_bth[t2] - maxval);
           expsum += e;
           att_bth[t2] = e;
         }
@@ -725,7 +725,6 @@ void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<R
   Real* ln1_rstd = acts.ln1_rstd.data() + s * BT;
   Real* qkv = acts.qkv.data() + s * BTC * 3;
   Real* atty = acts.atty.data() + s * BTC;
-  Real* preatt = acts.preatt.data() + s * B * NH * T * T;
   Real* att = acts.att.data() + s * B * NH * T * T;
   Real* attproj = acts.attproj.data() + s * BTC;
   Real* residual2 = acts.residual2.data() + s * BTC;
@@ -740,7 +739,7 @@ void layer_forward(std::size_t layer, const layer_params<Real>& p, activations<R
   using namespace kernels;
   layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], B, T, C);
   matmul_forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], B, T, C, 3 * C);
-  attention_forward(atty, preatt, att, qkv, B, T, C, NH);
+  attention_forward(atty, att, qkv, B, T, C, NH);
   matmul_forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], B, T, C, C);
   residual_forward(residual2, residual, attproj, BTC);
   layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], B, T, C);

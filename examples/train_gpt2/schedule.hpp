@@ -62,7 +62,7 @@ struct pass_costs {
   std::uint64_t workspace;  // backward's workspace in elements, as activations<float> carves it
   static constexpr chunkwise::byte_count f = sizeof(float);
   chunkwise::byte_count embed() const { return B * T * C * f; }
-  chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + 2 * B * H * T * T) * f; }
+  chunkwise::byte_count layer() const { return (B * T * (18 * C + 4) + B * H * T * T) * f; }
   // Under recompute a block keeps only its output (B*T*C) and works in the one shared slot of the rest.
   chunkwise::byte_count layer_saved() const { return recompute ? B * T * C * f : layer(); }
   chunkwise::byte_count head() const { return (B * T * (C + 2) + B * T * Vp + B * T) * f; }  // probs over logits

@@ -10,9 +10,10 @@
 //
 // Activations, in elements, as llm.c's train_gpt2.c keeps them for backward (our example trainer keeps the same):
 //   embed:    B*T*C                                         (encoded)
-//   layer:    B*T*(18*C + 4) + 2*B*H*T*T                   (ln1, qkv, atty, attproj, residual2, ln2, fch, fch_gelu,
+//   layer:    B*T*(18*C + 4) + B*H*T*T                     (ln1, qkv, atty, attproj, residual2, ln2, fch, fch_gelu,
 //                                                           fcproj, residual3 = 18*C per token; 4 layer-norm stats;
-//                                                           preatt and att are H*T*T per sequence)
+//                                                           the attention weights, H*T*T per sequence, computed in
+//                                                           place of the scores: llm.c keeps both)
 //   head:     B*T*(C + 2) + B*T*V + B*T                     (lnf and its stats, the logits, which the softmax
 //                                                           turns into the probabilities in place, losses)
 // With flash_attention the H*T*T score matrices are not kept (B*H*T softmax statistics are), as FlashAttention does.
@@ -121,7 +122,7 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count element = size_of(config.type);
   const byte_count embed_acts = b * t * c * element;
   const byte_count layer_acts =
-      (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : 2 * b * h * t * t)) * element;
+      (b * t * (18 * c + 4) + (config.flash_attention ? b * h * t : b * h * t * t)) * element;
   const byte_count saved_per_layer = config.recompute ? b * t * c * element : layer_acts;
   const byte_count slot = config.recompute ? layer_acts - b * t * c * element : 0;  // where a layer is recomputed
   const byte_count head_acts = (b * t * (c + 2) + b * t * v + b * t) * element;
