@@ -170,7 +170,7 @@ struct toy_run {
   std::optional<optim::loss_scaler_config> loss_scaling{};
   byte_count device_budget = ~byte_count{0};
   std::chrono::milliseconds rank0_pass_delay{0};  // rank 0 computes each pass this much slower than the others
-  bool queued_default_stream = false;  // isolated backend: its default stream a queue of its own (else the caller)
+  bool queued_default_stream = false;  // isolated backend: its default stream a worker of its own (else the caller)
   std::filesystem::path load_from{};  // a checkpoint restored before the first step
   std::filesystem::path save_to{};    // a checkpoint saved after the last step
 };
@@ -208,11 +208,12 @@ toy_result train(const toy_run& run) {
   std::vector<std::thread> threads;
   const auto nvme = std::filesystem::temp_directory_path() / ("chunkwise-pipeline-" + std::to_string(::getpid()));
   std::filesystem::create_directories(nvme);
+  // The device's default stream is the process's, shared by the ranks as a GPU's legacy stream is.
+  std::optional<isolated_default_stream::queued> queued_default;
+  if (run.queued_default_stream) queued_default.emplace();
   for (int r = 0; r < run.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
-        std::optional<isolated_default_stream::queued> queued_default;  // this rank thread's
-        if (run.queued_default_stream) queued_default.emplace();
         Comm comm(world.comm(r));
         std::atomic<std::uint64_t> asked{0};
         runtime_options o;
