@@ -142,6 +142,19 @@ class parameter_fetches {
         drop(b);
       }
   }
+  /// A pass out of the profiled order (the forward passes of an evaluation, then the step's first): the streamed
+  /// chunks release() kept for `expected`, which did not come, give their blocks back unless `pass` uses them.
+  void drop_kept_for(std::size_t expected, std::size_t pass) {
+    if (expected >= pass_chunks_->size()) return;
+    for (const auto c : (*pass_chunks_)[expected]) {
+      auto& b = (*chunks_)[c];
+      if (b.life.state() != chunk_state::ready || !homes_->streamed(c) ||
+          std::find((*pass_chunks_)[pass].begin(), (*pass_chunks_)[pass].end(), c) != (*pass_chunks_)[pass].end())
+        continue;
+      b.life.evict();
+      drop(b);
+    }
+  }
   /// The gathered copy and the lent home block go back; only a whole resident chunk keeps computing on its home.
   void drop(record& b) {
     b.full = {};

@@ -90,6 +90,7 @@ class runtime {
     detail::check_pass(model_, pass, "acquire");
     progress();
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
+    if (last_released_ && *last_released_ + 1 != pass) fetches_.drop_kept_for(*last_released_ + 1, pass);
     for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
       if (b.life.state() == chunk_state::released) fetches_.start(b, /*prefetch=*/false, reduced_sink());
@@ -119,6 +120,7 @@ class runtime {
       }
       reduce_if_handed_over(b);
     }
+    last_released_ = pass;
     progress();
   }
 
@@ -295,6 +297,7 @@ class runtime {
   parameter_fetches<collective, Comm, homes_type, gradients_type> fetches_;
   optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
   std::uint64_t steps_ = 0;
+  std::optional<std::size_t> last_released_;  // the last pass released: an acquire of another successor departs
 };
 
 }  // namespace chunkwise
