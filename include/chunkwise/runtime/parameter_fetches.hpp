@@ -8,11 +8,13 @@
 // would only copy it, and the cost model charges none).
 #include <chunkwise/collective/chunk_collectives.hpp>
 #include <chunkwise/comm/concepts.hpp>
+#include <chunkwise/core/abi.hpp>
 #include <chunkwise/core/bytes.hpp>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/runtime/backend_parts.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/pass_chunks.hpp>
 #include <chunkwise/runtime/detail/tier_buffer.hpp>
 #include <chunkwise/runtime/home_view.hpp>
 
@@ -22,7 +24,7 @@
 #include <span>
 #include <vector>
 
-namespace chunkwise {
+namespace chunkwise::inline CHUNKWISE_ABI {
 
 template <class Collective, communicator Comm, class Homes, class Gradients>
 class parameter_fetches {
@@ -33,7 +35,7 @@ class parameter_fetches {
   using record = chunk_record<Comm>;
 
   parameter_fetches(chunk_collectives<Collective, Comm>& ops, Homes& homes, Gradients& gradients,
-                    std::vector<record>& chunks, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+                    std::vector<record>& chunks, const detail::pass_chunk_lists& pass_chunks,
                     std::size_t prefetch_depth, dtype type)
       : ops_(&ops), homes_(&homes), gradients_(&gradients), chunks_(&chunks),
         pass_chunks_(&pass_chunks), prefetch_depth_(prefetch_depth), type_(type),
@@ -135,6 +137,7 @@ class parameter_fetches {
   }
   /// Prefetched gathers complete and are dropped (before the homes change outside a step).
   void settle() {
+    drop_kept(pass_chunks_->size());  // no pass
     for (auto& b : *chunks_)
       if (b.life.state() == chunk_state::fetching) {
         finish(b);
@@ -142,18 +145,28 @@ class parameter_fetches {
         drop(b);
       }
   }
-  /// A pass out of the profiled order (the forward passes of an evaluation, then the step's first): the streamed
-  /// chunks release() kept for `expected`, which did not come, give their blocks back unless `pass` uses them.
-  void drop_kept_for(std::size_t expected, std::size_t pass) {
-    if (expected >= pass_chunks_->size()) return;
-    for (const auto c : (*pass_chunks_)[expected]) {
-      auto& b = (*chunks_)[c];
-      if (b.life.state() != chunk_state::ready || !homes_->streamed(c) ||
-          std::find((*pass_chunks_)[pass].begin(), (*pass_chunks_)[pass].end(), c) != (*pass_chunks_)[pass].end())
-        continue;
-      b.life.evict();
-      drop(b);
+  /// After a pass's use of chunk b, where the plan drops its device copy (a streamed chunk's cache block, ZeRO-3's
+  /// gathered copy): dropped now unless pass `next` uses it too, else kept for `next` (drop_kept).
+  void drop_unless_used(record& b, std::size_t next) {
+    if (detail::pass_uses(*pass_chunks_, next, b.index)) {
+      kept_.push_back(b.index);
+      return;
     }
+    b.life.evict();
+    drop(b);
+  }
+  /// At the acquire of `pass`: the copies kept for a pass that was expected next and did not come (an evaluation's
+  /// forward passes after the head's forward, whose backward it never runs) are dropped unless `pass` uses them.
+  /// Kept, they held the cache blocks and gather buffers later passes need.
+  void drop_kept(std::size_t pass) {
+    for (const auto c : kept_) {
+      auto& b = (*chunks_)[c];
+      if (b.life.state() == chunk_state::ready && !detail::pass_uses(*pass_chunks_, pass, c)) {
+        b.life.evict();
+        drop(b);
+      }
+    }
+    kept_.clear();
   }
   /// The gathered copy and the lent home block go back; only a whole resident chunk keeps computing on its home.
   void drop(record& b) {
@@ -214,13 +227,14 @@ class parameter_fetches {
   Homes* homes_;
   Gradients* gradients_;
   std::vector<record>* chunks_;
-  const std::vector<std::vector<std::uint32_t>>* pass_chunks_;
+  const detail::pass_chunk_lists* pass_chunks_;
   std::size_t prefetch_depth_;
   dtype type_;
   byte_count gathered_bytes_ = 0;
   std::uint64_t gathers_ahead_ = 0;
   bool gathers_;  // parameters are sharded over more than one rank
   std::size_t widest_pass_ = 0;  // most chunks one pass touches
+  std::vector<std::uint32_t> kept_;  // chunks whose device copy a release kept for the next pass
 };
 
 }  // namespace chunkwise

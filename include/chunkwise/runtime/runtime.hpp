@@ -90,7 +90,7 @@ class runtime {
     detail::check_pass(model_, pass, "acquire");
     progress();
     const bool backward = model_.passes[pass].kind == pass_kind::backward;
-    if (last_released_ && *last_released_ + 1 != pass) fetches_.drop_kept_for(*last_released_ + 1, pass);
+    fetches_.drop_kept(pass);
     for (const auto c : pass_chunks_[pass]) {
       auto& b = chunks_[c];
       if (b.life.state() == chunk_state::released) fetches_.start(b, /*prefetch=*/false, reduced_sink());
@@ -110,17 +110,15 @@ class runtime {
       b.life.release(gradients_complete);
       if (gradients_complete) {
         start_reduction(b);
-      } else if (b.life.state() == chunk_state::ready && !used_next(c, pass) &&
+      } else if (b.life.state() == chunk_state::ready &&
                  (homes_.streamed(c) ||
                   (collective::shards_parameters && (!backward || !gradients_.used_later_in_backward(b, pass))))) {
         // Unless the next pass uses it too, a streamed chunk gives its cache block back, and ZeRO-3 drops the
         // gathered copy after forward (backward gathers again) and after a micro-batch's last backward use.
-        b.life.evict();
-        fetches_.drop(b);
+        fetches_.drop_unless_used(b, pass + 1);
       }
       reduce_if_handed_over(b);
     }
-    last_released_ = pass;
     progress();
   }
 
@@ -240,7 +238,6 @@ class runtime {
   [[nodiscard]] chunk_statistics statistics() const { return detail::total_statistics<Comm>(chunks_); }
 
  private:
-  bool used_next(std::uint32_t c, std::size_t pass) const { return detail::pass_uses(pass_chunks_, pass + 1, c); }
   void start_reduction(record& b) { gradients_.start(b, reduced_sink()); fetches_.drop(b); }
   void reduce_if_handed_over(record& b) {
     if (!gradients_.handed_over(b)) return;
@@ -289,7 +286,7 @@ class runtime {
   bool plan_agreed_;  // before ops_: binding the collective already talks to the other ranks
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
-  std::vector<std::vector<std::uint32_t>> pass_chunks_;  // the chunks each pass touches, in first-touch order
+  detail::pass_chunk_lists pass_chunks_;  // the chunks each pass touches, in first-touch order
   detail::chunk_placement placement_;                    // device blocks, resident and offloaded chunks
   std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
   homes_type homes_;                // after the records (its layout comes from them)
@@ -297,7 +294,6 @@ class runtime {
   parameter_fetches<collective, Comm, homes_type, gradients_type> fetches_;
   optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
   std::uint64_t steps_ = 0;
-  std::optional<std::size_t> last_released_;  // the last pass released: an acquire of another successor departs
 };
 
 }  // namespace chunkwise

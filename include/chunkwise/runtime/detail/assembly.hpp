@@ -10,6 +10,7 @@
 #include <chunkwise/plan/layout_candidates.hpp>
 #include <chunkwise/profile/model_profile.hpp>
 #include <chunkwise/runtime/chunk_record.hpp>
+#include <chunkwise/runtime/detail/pass_chunks.hpp>
 #include <chunkwise/runtime/detail/rank_agreement.hpp>
 #include <chunkwise/runtime/home_storage.hpp>
 #include <chunkwise/runtime/options.hpp>
@@ -91,18 +92,14 @@ chunk_map build_layout(const model_profile& model, const layout_options& options
 }
 
 /// The chunks each pass touches, in first-touch order.
-inline std::vector<std::vector<std::uint32_t>> chunks_by_pass(const model_profile& model, const chunk_map& map) {
-  std::vector<std::vector<std::uint32_t>> passes(model.passes.size());
+inline pass_chunk_lists chunks_by_pass(const model_profile& model, const chunk_map& map) {
+  pass_chunk_lists passes(model.passes.size());
   for (std::size_t s = 0; s < model.passes.size(); ++s)
     for (const auto t : model.passes[s].tensors) {
       const auto c = map.locations[t].chunk;
       if (std::find(passes[s].begin(), passes[s].end(), c) == passes[s].end()) passes[s].push_back(c);
     }
   return passes;
-}
-inline bool pass_uses(const std::vector<std::vector<std::uint32_t>>& pass_chunks, std::size_t pass, std::uint32_t c) {
-  return pass < pass_chunks.size() && std::find(pass_chunks[pass].begin(), pass_chunks[pass].end(), c) !=
-                                          pass_chunks[pass].end();
 }
 
 /// Where the chunks go: device blocks (the planner's knob, or the fallback documented at runtime_options), the
@@ -115,7 +112,7 @@ struct chunk_placement {
 };
 
 template <class Plan>
-chunk_placement place_chunks(std::size_t chunks, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+chunk_placement place_chunks(std::size_t chunks, const pass_chunk_lists& pass_chunks,
                              const runtime_options& options) {
   using placement = typename Plan::placement;
   std::size_t widest = 0;
@@ -180,7 +177,7 @@ std::vector<chunk_record<Comm>> make_records(const chunk_map& map, const Ops& op
 /// chunk the previous pass used too stays acquired: one access) and its blocks, which must hold the widest pass's
 /// streamed chunks at once.
 template <class Plan, class Record>
-home_layout make_home_layout(const model_profile& model, const std::vector<std::vector<std::uint32_t>>& pass_chunks,
+home_layout make_home_layout(const model_profile& model, const pass_chunk_lists& pass_chunks,
                              const std::vector<Record>& records, const chunk_placement& p,
                              const runtime_options& options) {
   home_layout h;
