@@ -349,24 +349,31 @@ TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute
   run_products([&](index b) { return products::values(g, att.data(), qkv.data(), out_products.data(), b); });
   close(out_products, out, every);
 
-  // The GPU's datt and dpreatt are not zeroed first: the product and the softmax's backward overwrite them.
-  std::vector<float> datt(blocks, 0.0f), datt_products(blocks, 1e3f), dpreatt(blocks, 0.0f), dpreatt_over(blocks, 1e3f);
+  // The GPU's datt is not zeroed first: the product overwrites it whole, and the softmax's backward writes the
+  // scores' gradients over it, zeros past t, which the products below then read over whole rows.
+  std::vector<float> datt(blocks, 0.0f), datt_products(blocks, 1e3f);
   for_all(blocks, attention_backward_weights{datt.data(), dout.data(), qkv.data(), g});
   run_products([&](index b) {
     return products::attention_weights_backward(g, dout.data(), qkv.data(), datt_products.data(), b);
   });
   close(datt_products, datt, causal);
-  for_all(B * NH * T, attention_backward_softmax{dpreatt.data(), datt.data(), att.data(), T});
-  for_all(B * NH * T, attention_backward_softmax{dpreatt_over.data(), datt.data(), att.data(), T, true});
-  CHECK(dpreatt_over == dpreatt);  // the same values, and zeros past t
+  const std::vector<float> weights_gradients = datt;
+  for_all(B * NH * T, attention_backward_softmax{datt.data(), att.data(), T});
+  for_all(B * NH * T, attention_backward_softmax{datt_products.data(), att.data(), T});
+  for (std::size_t i = 0; i < blocks; ++i)
+    if (!causal(i)) REQUIRE(datt_products[i] == 0.0f);
+  close(datt_products, datt, every);
+  CHECK(datt != weights_gradients);
+  const auto& dpreatt = datt;
+  const auto& dpreatt_products = datt_products;
 
   std::vector<float> dqkv = dqkv_start, dqkv_products = dqkv_start;  // both add to what is there
   for_all(channels, attention_backward_queries{dqkv.data(), dpreatt.data(), qkv.data(), g});
   for_all(channels,
           attention_backward_keys_values{dqkv.data(), dpreatt.data(), att.data(), dout.data(), qkv.data(), g});
   float* dq = dqkv_products.data();
-  run_products([&](index b) { return products::queries_backward(g, dpreatt_over.data(), qkv.data(), dq, b); });
-  run_products([&](index b) { return products::keys_backward(g, dpreatt_over.data(), qkv.data(), dq, b); });
+  run_products([&](index b) { return products::queries_backward(g, dpreatt_products.data(), qkv.data(), dq, b); });
+  run_products([&](index b) { return products::keys_backward(g, dpreatt_products.data(), qkv.data(), dq, b); });
   run_products([&](index b) { return products::values_backward(g, att.data(), dout.data(), dq, b); });
   close(dqkv_products, dqkv, every);
   CHECK(dqkv != dqkv_start);

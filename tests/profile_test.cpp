@@ -81,8 +81,9 @@ TEST_CASE("GPT-2 activation bytes follow llm.c's count, hold backward's workspac
   CHECK(model.passes[12].activation_bytes == embed + 12 * layer);
   CHECK(model.passes[13].activation_bytes == embed + 12 * layer + head);
   // Two slices of the residual stream's gradient, and one layer's activation gradients (17 B*T*C and the attention's
-  // two), whose memory holds the head's dlnf (its dlogits replace the probabilities).
-  const std::uint64_t layer_gradients = 17 * B * T * C + 2 * B * H * T * T;
+  // score gradients, one array: dpreatt replaces datt), whose memory holds the head's dlnf (its dlogits replace the
+  // probabilities).
+  const std::uint64_t layer_gradients = 17 * B * T * C + B * H * T * T;
   const std::uint64_t backward_workspace = (2 * B * T * C + layer_gradients) * 4;
   CHECK(model.peak_activation_bytes() == embed + 12 * layer + head + backward_workspace);
   CHECK(model.passes[15].activation_bytes == embed + 12 * layer + backward_workspace);  // h.11's backward
@@ -332,7 +333,7 @@ model_profile trace_gpt2(const gpt2_config& config) {
   for (const auto t : {ln_f_w, ln_f_b, wte}) trace.touch(t);
   // Backward's workspace, held until the embedding's backward pass: two alternating slices of the residual stream's
   // gradient, and one layer's activation gradients or the head's dlnf, in one place.
-  const auto workspace = trace.allocate_activation((2 * B * T * C + 17 * B * T * C + 2 * B * H * T * T) * e);
+  const auto workspace = trace.allocate_activation((2 * B * T * C + 17 * B * T * C + B * H * T * T) * e);
   trace.free_activation(head);
   trace.end_pass();
   for (std::uint32_t l = config.layers; l-- > 0;) {

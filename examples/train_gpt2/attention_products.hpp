@@ -9,9 +9,9 @@
 //
 // Every product covers whole (T, T) blocks, the causal mask's upper triangle too (half the arithmetic, which the
 // products' speed repays): scores and datt there are never read (the softmax and its backward read t2 <= t), and
-// att and dpreatt there are zeros (attention_softmax and, overwriting, attention_backward_softmax write them), so the
-// products that read them add nothing for masked positions. The scores and datt are written whole, dpreatt by the
-// softmax's backward: none of the (T, T) blocks needs zeroing first.
+// att and dpreatt there are zeros (attention_softmax and attention_backward_softmax write them, in place over the
+// scores and datt), so the products that read them add nothing for masked positions. The scores and datt are
+// written whole: none of the (T, T) blocks needs zeroing first.
 #include "device_kernels.hpp"
 
 namespace gpt2::attention_products {

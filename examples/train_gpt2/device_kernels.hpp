@@ -440,8 +440,9 @@ struct bias_backward {
 
 // Causal self-attention, in stages that each give every output element its own index (the GPU needs hundreds of
 // thousands of threads, not one per (b, t, h) row), each element summed in the CPU loop's order. qkv is (B, T, 3C):
-// query, key, value at channel offsets 0, C, 2C, heads of hs = C / NH channels; preatt, att, dpreatt and datt are
-// (B, NH, T, T) with only t2 <= t used. Index decompositions: row = (b * NH + h) * T + t.
+// query, key, value at channel offsets 0, C, 2C, heads of hs = C / NH channels; att (the scores, then in place the
+// weights) and datt (the weights' gradients, then in place the scores', dpreatt) are (B, NH, T, T) with only
+// t2 <= t used. Index decompositions: row = (b * NH + h) * T + t.
 struct attention_geometry {
   index T, C, NH;
   GPT2_HOST_DEVICE index hs() const { return C / NH; }
@@ -538,28 +539,21 @@ struct attention_backward_weights {
   }
 };
 
-// Backward 2: the softmax's backward, one row per index: dpreatt += att * (datt - sum over t2 of att * datt).
-// `overwrite` (the GPU's products, attention_products.hpp): dpreatt = that, and 0 past t, so the whole (T, T) block
-// needs no zeroing before.
+// Backward 2: the softmax's backward, one row per index, in place: datt becomes dpreatt = att * (datt - sum over t2
+// of att * datt), and 0 past t (what the GPU's products over whole rows then add for the masked positions:
+// attention_products.hpp).
 struct attention_backward_softmax {
-  float* dpreatt;
-  const float* datt;
+  float* datt;
   const float* att;
   index T;
-  bool overwrite = false;
   GPT2_HOST_DEVICE void operator()(index row) const {
     const index t = row % T;
     const float* a = att + row * T;
-    const float* da = datt + row * T;
-    float* dp = dpreatt + row * T;
+    float* d = datt + row * T;
     float weighted = 0;
-    for (index t2 = 0; t2 <= t; ++t2) weighted += a[t2] * da[t2];
-    if (!overwrite) {
-      for (index t2 = 0; t2 <= t; ++t2) dp[t2] += a[t2] * (da[t2] - weighted);
-      return;
-    }
-    for (index t2 = 0; t2 <= t; ++t2) dp[t2] = a[t2] * (da[t2] - weighted);
-    for (index t2 = t + 1; t2 < T; ++t2) dp[t2] = 0;
+    for (index t2 = 0; t2 <= t; ++t2) weighted += a[t2] * d[t2];
+    for (index t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - weighted);
+    for (index t2 = t + 1; t2 < T; ++t2) d[t2] = 0;
   }
 };
 

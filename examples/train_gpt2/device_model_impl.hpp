@@ -530,27 +530,27 @@ inline void attention_forward(device_workspace::state& s, const device_kernels::
 #endif
 }
 
-// dqkv += the attention's gradient from dout. The host's stages add into datt and dpreatt, zeroed before; the GPU's
-// products and softmax backward overwrite them.
+// dqkv += the attention's gradient from dout. datt holds the weights' gradients (the host's stage adds into it,
+// zeroed before; the GPU's product overwrites it), then in place the scores' (the softmax's backward).
 inline void attention_backward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* dqkv,
-                               float* dpreatt, float* datt, const float* dout, const float* qkv, const float* att) {
+                               float* datt, const float* dout, const float* qkv, const float* att) {
   using namespace device_kernels;
   namespace products = attention_products;
   const index B = s.B;
 #if defined(__CUDACC__)
   for (index b = 0; b < B; ++b)
     s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, b), "GPT-2 attention backward (weights)");
-  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T, /*overwrite=*/true});
+  for_each_index(B * g.NH * g.T, attention_backward_softmax{datt, att, g.T});
   for (index b = 0; b < B; ++b) {
-    s.matmul.run(products::queries_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
-    s.matmul.run(products::keys_backward(g, dpreatt, qkv, dqkv, b), "GPT-2 attention backward (keys)");
+    s.matmul.run(products::queries_backward(g, datt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
+    s.matmul.run(products::keys_backward(g, datt, qkv, dqkv, b), "GPT-2 attention backward (keys)");
     s.matmul.run(products::values_backward(g, att, dout, dqkv, b), "GPT-2 attention backward (values)");
   }
 #else
   for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
-  for_each_index(B * g.NH * g.T, attention_backward_softmax{dpreatt, datt, att, g.T});
-  for_each_index(B * g.T * g.C, attention_backward_queries{dqkv, dpreatt, qkv, g});
-  for_each_index(B * g.T * g.C, attention_backward_keys_values{dqkv, dpreatt, att, dout, qkv, g});
+  for_each_index(B * g.NH * g.T, attention_backward_softmax{datt, att, g.T});
+  for_each_index(B * g.T * g.C, attention_backward_queries{dqkv, datt, qkv, g});
+  for_each_index(B * g.T * g.C, attention_backward_keys_values{dqkv, datt, att, dout, qkv, g});
 #endif
 }
 
@@ -747,8 +747,7 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   float* dresidual = raw(s.dresidual) + s.dresidual_offset(l);
   for (auto* b : {&s.dln1, &s.dqkv, &s.datty, &s.dattproj, &s.dresidual2, &s.dln2, &s.dfch, &s.dfch_gelu, &s.dfcproj})
     zero(*b);
-#if !defined(__CUDACC__)  // the GPU overwrites these (B, NH, T, T) arrays (attention_backward): 2 B NH T^2 floats
-  zero(s.dpreatt);
+#if !defined(__CUDACC__)  // the GPU overwrites this (B, NH, T, T) array (attention_backward): B NH T^2 floats
   zero(s.datt);
 #endif
   zero(dresidual, BTC);
@@ -764,8 +763,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
   for_each_index(BTC, device_kernels::residual_backward{dresidual, raw(s.dattproj), raw(s.dresidual2)});
   s.matmul.backward(raw(s.datty), g[attn_c_proj_weight], g[attn_c_proj_bias], raw(s.dattproj), atty,
                     p[attn_c_proj_weight], BT, C, C);
-  device_detail::attention_backward(s, device_kernels::attention_geometry{T, C, NH}, raw(s.dqkv), raw(s.dpreatt),
-                                    raw(s.datt), raw(s.datty), qkv, att);
+  device_detail::attention_backward(s, device_kernels::attention_geometry{T, C, NH}, raw(s.dqkv), raw(s.datt),
+                                    raw(s.datty), qkv, att);
   s.matmul.backward(raw(s.dln1), g[attn_c_attn_weight], g[attn_c_attn_bias], raw(s.dqkv), ln1, p[attn_c_attn_weight],
                     BT, C, 3 * C);
   device_detail::layernorm_backward(s, dresidual, g[ln_1_weight], g[ln_1_bias], raw(s.dln1), residual, p[ln_1_weight],

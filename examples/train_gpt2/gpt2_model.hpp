@@ -287,7 +287,7 @@ struct activations {
   // Backward: gradients of the mean loss with respect to activations.
   Buffer dresidual;  // (2, B, T, C): d(input of layer l) at dresidual_offset(l); l = L: d(output of layer L-1)
   // One layer's worth, reused by every layer_backward (the working set the profile counts for a backward pass).
-  Buffer dln1, dqkv, datty, dpreatt, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
+  Buffer dln1, dqkv, datty, datt, dattproj, dresidual2, dln2, dfch, dfch_gelu, dfcproj;
   // The head's, in the same memory as the layer's: each backward pass zeroes its own before use, and none uses both.
   // (Its dlogits, (B, T, Vp), replace the probabilities in `logits`: at 124M, batch 4, context 1024, 824 MB that
   // llm.c's CPU trainer keeps three times, logits, probs and dlogits.)
@@ -313,7 +313,7 @@ struct activations {
     logits = make(BT * Vp), losses = make(BT);
 
     dresidual = make(2 * BTC);
-    gradient_scratch_ = make(17 * BTC + 2 * B * NH * T * T);  // the head's dlnf (BTC) fits in it
+    gradient_scratch_ = make(17 * BTC + B * NH * T * T);  // the head's dlnf (BTC) fits in it
     std::size_t at = 0;
     const auto carve = [&](std::size_t n) {
       at += n;
@@ -321,7 +321,7 @@ struct activations {
       else return Buffer(n, Real(0));
     };
     dln1 = carve(BTC), dqkv = carve(BTC * 3), datty = carve(BTC);
-    dpreatt = carve(B * NH * T * T), datt = carve(B * NH * T * T);
+    datt = carve(B * NH * T * T);  // the weights' gradients, then in place the scores' (attention_backward)
     dattproj = carve(BTC), dresidual2 = carve(BTC), dln2 = carve(BTC);
     dfch = carve(BTC * 4), dfch_gelu = carve(BTC * 4), dfcproj = carve(BTC);
     at = 0;
@@ -561,12 +561,13 @@ void attention_forward(Real* out, Real* att, const Real* inp, std::size_t B, std
     }
 }
 
-// Parallel over (b, h): each pair owns its slice of dinp (the head's channels) and of datt, dpreatt.
+// Parallel over (b, h): each pair owns its slice of dinp (the head's channels) and of datt.
 // The softmax backward uses dpreatt[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] * datt[t2]), O(T) per row, the
-// same sum llm.c's double loop computes.
+// same sum llm.c's double loop computes, and writes it over datt's row once the row's sum is taken (llm.c keeps
+// both arrays: B*NH*T*T more).
 template <class Real>
-void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout, const Real* inp, const Real* att,
-                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+void attention_backward(Real* dinp, Real* datt, const Real* dout, const Real* inp, const Real* att, std::size_t B,
+                        std::size_t T, std::size_t C, std::size_t NH) {
   const std::size_t C3 = 3 * C, hs = C / NH;
   const Real scale = Real(1) / std::sqrt(Real(hs));
 #pragma omp parallel for collapse(2)
@@ -576,7 +577,6 @@ void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout,
       for (std::size_t t = 0; t < T; ++t) {
         const Real* att_bth = att + ((b * NH + h) * T + t) * T;
         Real* datt_bth = datt + ((b * NH + h) * T + t) * T;
-        Real* dpreatt_bth = dpreatt + ((b * NH + h) * T + t) * T;
         const Real* dout_bth = dout + (b * T + t) * C + h * hs;
         const Real* query = inp + (b * T + t) * C3 + h * hs;
         Real* dquery = dinp + (b * T + t) * C3 + h * hs;
@@ -588,7 +588,8 @@ void attention_backward(Real* dinp, Real* dpreatt, Real* datt, const Real* dout,
         // 2: the softmax
         Real weighted = 0;
         for (std::size_t t2 = 0; t2 <= t; ++t2) weighted += att_bth[t2] * datt_bth[t2];
-        for (std::size_t t2 = 0; t2 <= t; ++t2) dpreatt_bth[t2] += att_bth[t2] * (datt_bth[t2] - weighted);
+        Real* dpreatt_bth = datt_bth;  // in place
+        for (std::size_t t2 = 0; t2 <= t; ++t2) dpreatt_bth[t2] = att_bth[t2] * (datt_bth[t2] - weighted);
         // 1: the scores: dq(t) += k(t2) * d, dk(t2) += q(t) * d
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
           const Real d = dpreatt_bth[t2] * scale;
@@ -816,7 +817,7 @@ void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_
   Real* dresidual = acts.dresidual.data() + acts.dresidual_offset(l);               // d(input of this layer)
 
   using namespace kernels;
-  for (auto* buffer : {&acts.dln1, &acts.dqkv, &acts.datty, &acts.dpreatt, &acts.datt, &acts.dattproj,
+  for (auto* buffer : {&acts.dln1, &acts.dqkv, &acts.datty, &acts.datt, &acts.dattproj,
                        &acts.dresidual2, &acts.dln2, &acts.dfch, &acts.dfch_gelu, &acts.dfcproj})
     zero(*buffer);
   std::fill(dresidual, dresidual + BTC, Real(0));
@@ -833,8 +834,7 @@ void layer_backward(std::size_t layer, const layer_params<Real>& p, const layer_
   residual_backward(dresidual, acts.dattproj.data(), acts.dresidual2.data(), BTC);
   matmul_backward(acts.datty.data(), g[attn_c_proj_weight], g[attn_c_proj_bias], acts.dattproj.data(), atty,
                   p[attn_c_proj_weight], B, T, C, C);
-  attention_backward(acts.dqkv.data(), acts.dpreatt.data(), acts.datt.data(), acts.datty.data(), qkv, att, B, T, C,
-                     NH);
+  attention_backward(acts.dqkv.data(), acts.datt.data(), acts.datty.data(), qkv, att, B, T, C, NH);
   matmul_backward(acts.dln1.data(), g[attn_c_attn_weight], g[attn_c_attn_bias], acts.dqkv.data(), ln1,
                   p[attn_c_attn_weight], B, T, C, 3 * C);
   layernorm_backward(dresidual, g[ln_1_weight], g[ln_1_bias], acts.dln1.data(), residual, p[ln_1_weight], ln1_mean,

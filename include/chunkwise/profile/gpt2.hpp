@@ -127,8 +127,9 @@ constexpr model_profile gpt2_profile(const gpt2_config& config) {
   const byte_count slot = config.recompute ? layer_acts - b * t * c * element : 0;  // where a layer is recomputed
   const byte_count head_acts = (b * t * (c + 2) + b * t * v + b * t) * element;
   // Backward's workspace: two alternating slices of the residual stream's gradient, and one block's activation
-  // gradients or, in the same memory, the head's dlnf (B*T*C, the smaller), as no pass uses both.
-  const byte_count block_gradients = 17 * b * t * c + (config.flash_attention ? b * h * t : 2 * b * h * t * t);
+  // gradients or, in the same memory, the head's dlnf (B*T*C, the smaller), as no pass uses both. The attention's
+  // score gradients are one (B, H, T, T) array: the softmax's backward overwrites the weights' gradients in place.
+  const byte_count block_gradients = 17 * b * t * c + (config.flash_attention ? b * h * t : b * h * t * t);
   const byte_count backward_workspace = (2 * b * t * c + block_gradients) * element;
   const std::uint64_t layer_flops = 2 * b * t * 12 * c * c + 4 * b * t * t * c;
   const std::uint64_t head_flops = 2 * b * t * c * v;
