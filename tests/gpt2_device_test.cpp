@@ -304,10 +304,11 @@ TEST_CASE("backward's bias sums on the device, by segments of rows, give the CPU
   CHECK(sequential != expected);
 }
 
-TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute the per-element stages' values") {
-  // The descriptors the GPU hands cuBLAS, run by reference_gemm (cuBLAS's definition in loops), against the stages
-  // the host build runs: B = 2 sequences of T = 5 positions, 2 heads of 4 channels. Differences are fp32 rounding
-  // (alpha scales the sum, the stage each term); a wrong stride or leading dimension reads another head or position.
+TEST_CASE("attention's batched products (the GPU's cuBLAS calls) compute the per-element stages' values") {
+  // The descriptors the GPU hands cuBLAS, each one call over every head of every sequence, run by reference_gemm
+  // (cuBLAS's definition in loops, over the matrices batch_pointers gives the GPU) against the stages the host build
+  // runs: B = 2 sequences of T = 5 positions, 2 heads of 4 channels. Differences are fp32 rounding (alpha scales the
+  // sum, the stage each term); a wrong stride or leading dimension reads another head, position or sequence.
   using namespace gpt2::device_kernels;
   using index = gpt2::device_kernels::index;  // not POSIX's index()
   namespace products = gpt2::attention_products;
@@ -323,9 +324,6 @@ TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute
   const auto for_all = [](index n, const auto& stage) {
     for (index i = 0; i < n; ++i) stage(i);
   };
-  const auto run_products = [&](auto make) {
-    for (index b = 0; b < B; ++b) products::reference_gemm(make(b));
-  };
   const auto close = [](const std::vector<float>& got, const std::vector<float>& expected, auto used) {
     for (std::size_t i = 0; i < got.size(); ++i)
       if (used(i)) REQUIRE(got[i] == doctest::Approx(expected[i]).epsilon(1e-5).scale(1.0));
@@ -335,7 +333,7 @@ TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute
 
   std::vector<float> preatt(blocks, 0.0f), preatt_products(blocks, 0.0f);
   for_all(blocks, attention_scores{preatt.data(), qkv.data(), g});
-  run_products([&](index b) { return products::scores(g, qkv.data(), preatt_products.data(), b); });
+  products::reference_gemm(products::scores(g, qkv.data(), preatt_products.data(), B));
   close(preatt_products, preatt, causal);
 
   std::vector<float> att(preatt);  // past t the softmax must write zeros: the products add every position
@@ -346,16 +344,14 @@ TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute
     if (!causal(i)) REQUIRE(att[i] == 0.0f);
   std::vector<float> out(channels), out_products(channels);
   for_all(channels, attention_values{out.data(), att.data(), qkv.data(), g});
-  run_products([&](index b) { return products::values(g, att.data(), qkv.data(), out_products.data(), b); });
+  products::reference_gemm(products::values(g, att.data(), qkv.data(), out_products.data(), B));
   close(out_products, out, every);
 
   // The GPU's datt is not zeroed first: the product overwrites it whole, and the softmax's backward writes the
   // scores' gradients over it, zeros past t, which the products below then read over whole rows.
   std::vector<float> datt(blocks, 0.0f), datt_products(blocks, 1e3f);
   for_all(blocks, attention_backward_weights{datt.data(), dout.data(), qkv.data(), g});
-  run_products([&](index b) {
-    return products::attention_weights_backward(g, dout.data(), qkv.data(), datt_products.data(), b);
-  });
+  products::reference_gemm(products::attention_weights_backward(g, dout.data(), qkv.data(), datt_products.data(), B));
   close(datt_products, datt, causal);
   const std::vector<float> weights_gradients = datt;
   for_all(B * NH * T, attention_backward_softmax{datt.data(), att.data(), T});
@@ -372,9 +368,9 @@ TEST_CASE("attention's strided batched products (the GPU's cuBLAS calls) compute
   for_all(channels,
           attention_backward_keys_values{dqkv.data(), dpreatt.data(), att.data(), dout.data(), qkv.data(), g});
   float* dq = dqkv_products.data();
-  run_products([&](index b) { return products::queries_backward(g, dpreatt_products.data(), qkv.data(), dq, b); });
-  run_products([&](index b) { return products::keys_backward(g, dpreatt_products.data(), qkv.data(), dq, b); });
-  run_products([&](index b) { return products::values_backward(g, att.data(), dout.data(), dq, b); });
+  products::reference_gemm(products::queries_backward(g, dpreatt_products.data(), qkv.data(), dq, B));
+  products::reference_gemm(products::keys_backward(g, dpreatt_products.data(), qkv.data(), dq, B));
+  products::reference_gemm(products::values_backward(g, att.data(), dout.data(), dq, B));
   close(dqkv_products, dqkv, every);
   CHECK(dqkv != dqkv_start);
 }

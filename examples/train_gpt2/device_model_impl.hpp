@@ -98,17 +98,33 @@ class matmul_context {
   }
   /// Where backward's bias sums keep their partial sums (scratch_layout's partial sums).
   void use_column_parts(float* parts) noexcept { column_parts_ = parts; }
-  /// One of attention's strided batched products (attention_products.hpp), in fp32 whatever bf16_products says: the
-  /// CPU's bf16 path computes attention in fp32 loops too.
+  /// Where attention's products write their matrices' addresses (scratch_layout's batch pointers), and how many.
+  void use_batch_pointers(void** pointers, std::size_t count) noexcept {
+    batch_pointers_ = pointers;
+    batch_pointer_count_ = count;
+  }
+  /// One of attention's batched products (attention_products.hpp), all B * NH matrices in one cuBLAS call: their
+  /// addresses are written into the scratch block's arrays in stream order first. One call per sequence (NH
+  /// matrices of T x T x hs) left most SMs of a large GPU idle and cost B launches. Under bf16_products on the
+  /// tensor cores as the other products (PyTorch's bf16 autocast rounds attention's operands likewise), else fp32.
   void run(const attention_products::strided_gemm& p, const char* what) {
+    const index count = p.count();
+    if (3 * count > batch_pointer_count_)
+      chunkwise::throw_error(chunkwise::error_code::invalid_argument,
+                             std::string(what) + ": " + std::to_string(count) + " matrices, but the scratch block " +
+                                 "holds " + std::to_string(batch_pointer_count_ / 3) + " (B * NH of its shape)");
+    auto** a = static_cast<const float**>(static_cast<void*>(batch_pointers_));
+    auto** b = a + count;
+    auto** c = static_cast<float**>(static_cast<void*>(batch_pointers_ + 2 * count));
+    for_each_index(count, attention_products::batch_pointers{p, a, b, c});
     const auto op = [](bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; };
-    const auto stride = [](index n) { return static_cast<long long>(n); };
     device_kernels::kernel_times::instance().time("cuBLAS attention products", [&] {
-      CHUNKWISE_CUBLAS_TRY(cublasSgemmStridedBatched(handle_, op(p.transpose_a), op(p.transpose_b), to_int(p.m),
-                                                     to_int(p.n), to_int(p.k), &p.alpha, p.a, to_int(p.lda),
-                                                     stride(p.stride_a), p.b, to_int(p.ldb), stride(p.stride_b),
-                                                     &p.beta, p.c, to_int(p.ldc), stride(p.stride_c),
-                                                     to_int(p.batch)),
+      CHUNKWISE_CUBLAS_TRY(cublasGemmBatchedEx(handle_, op(p.transpose_a), op(p.transpose_b), to_int(p.m), to_int(p.n),
+                                               to_int(p.k), &p.alpha, reinterpret_cast<const void* const*>(a),
+                                               CUDA_R_32F, to_int(p.lda), reinterpret_cast<const void* const*>(b),
+                                               CUDA_R_32F, to_int(p.ldb), &p.beta, reinterpret_cast<void* const*>(c),
+                                               CUDA_R_32F, to_int(p.ldc), to_int(count), compute_type(),
+                                               CUBLAS_GEMM_DEFAULT),
                            what);
     });
   }
@@ -118,6 +134,9 @@ class matmul_context {
 
  private:
   static int to_int(index n) { return static_cast<int>(n); }
+  cublasComputeType_t compute_type() const {
+    return bf16_products_ ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  }
   // C (m, n) = alpha op(A) op(B) + beta C, column-major fp32 arrays.
   void gemm(cublasOperation_t op_a, cublasOperation_t op_b, index m, index n, index k, const float* alpha,
             const float* a, index lda, const float* b, index ldb, const float* beta, float* c, index ldc,
@@ -129,13 +148,15 @@ class matmul_context {
     }
     CHUNKWISE_CUBLAS_TRY(cublasGemmEx(handle_, op_a, op_b, to_int(m), to_int(n), to_int(k), alpha, a, CUDA_R_32F,
                                       to_int(lda), b, CUDA_R_32F, to_int(ldb), beta, c, CUDA_R_32F, to_int(ldc),
-                                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+                                      compute_type(), CUBLAS_GEMM_DEFAULT),
                          what);
   }
   cublasHandle_t handle_ = nullptr;
   std::string name_;
   bool bf16_products_;
   float* column_parts_ = nullptr;
+  void** batch_pointers_ = nullptr;
+  std::size_t batch_pointer_count_ = 0;
 };
 #else
 struct device_present {};  // the host system is always there
@@ -148,6 +169,7 @@ class matmul_context {
   static constexpr std::size_t workspace_bytes = 0;  // the loops need none
   void use_workspace(void* /*memory*/) {}
   void use_column_parts(float* /*parts: the loops sum in place*/) noexcept {}
+  void use_batch_pointers(void** /*pointers: attention's stages need none*/, std::size_t /*count*/) noexcept {}
   void forward(float* out, const float* inp, const float* weight, const float* bias, index rows, index C, index OC) {
     kernels::matmul_forward(out, inp, weight, bias, 1, rows, C, OC);
   }
@@ -310,8 +332,9 @@ inline device_kernels::row_segments softmax_segments(std::size_t vocab) { return
 /// Where the scratch block's pieces lie (byte offsets): the tokens with their buckets (4 B*T + 1 ints: see
 /// scratch_block) and the targets (B*T ints), the reductions'
 /// partial sums (the rows': two per row and segment of the widest row, layer norm's C or the softmax's V columns; the
-/// columns': one per segment of rows and column of the widest, the MLP's 4C bias, or two for layer norm's C) and the
-/// rows' statistics (two per row), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
+/// columns': one per segment of rows and column of the widest, the MLP's 4C bias, or two for layer norm's C), the
+/// rows' statistics (two per row) and attention's batch pointers (three per head of each sequence: the GPU's
+/// batched products), then cuBLAS's workspace, 256-byte aligned as cuBLAS asks.
 struct scratch_layout {
   explicit scratch_layout(const model_config& config) {
     const std::size_t rows = config.batch * config.context;
@@ -324,11 +347,13 @@ struct scratch_layout {
     row_parts_elements = std::max(2 * rows * segments, column_parts);
     row_stats = row_parts + row_parts_elements * sizeof(float);
     row_stats_elements = 2 * rows;
-    blas_workspace = (row_stats + row_stats_elements * sizeof(float) + 255) / 256 * 256;
+    batch_pointers = (row_stats + row_stats_elements * sizeof(float) + 15) / 16 * 16;
+    batch_pointer_count = 3 * config.batch * config.heads;
+    blas_workspace = (batch_pointers + batch_pointer_count * sizeof(void*) + 255) / 256 * 256;
     bytes = blas_workspace + matmul_context::workspace_bytes;
   }
-  std::size_t tokens = 0, targets, row_parts, row_stats, blas_workspace, bytes;
-  std::size_t row_parts_elements, row_stats_elements;
+  std::size_t tokens = 0, targets, row_parts, row_stats, batch_pointers, blas_workspace, bytes;
+  std::size_t row_parts_elements, row_stats_elements, batch_pointer_count;
 };
 
 /// The scratch block, lent or owned, and its pieces.
@@ -344,6 +369,7 @@ struct scratch_block {
     targets = reinterpret_cast<int*>(base + layout.targets);
     row_parts = reinterpret_cast<float*>(base + layout.row_parts);
     row_stats = reinterpret_cast<float*>(base + layout.row_stats);
+    batch_pointers = reinterpret_cast<void**>(base + layout.batch_pointers);
     blas_workspace = base + layout.blas_workspace;
   }
   scratch_layout layout;
@@ -357,6 +383,7 @@ struct scratch_block {
   int* targets;
   float* row_parts;  // the reductions' partial sums (layer norm's, the softmax's, the column sums', one at a time)
   float* row_stats;  // two per row
+  void** batch_pointers;  // attention's batched products' matrices (matmul_context::run)
   void* blas_workspace;
 };
 
@@ -372,6 +399,7 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
         matmul(bf16_products), staging(staging_elements(config)) {
     matmul.use_workspace(scratch.blas_workspace);
     matmul.use_column_parts(scratch.row_parts);
+    matmul.use_batch_pointers(scratch.batch_pointers, scratch.layout.batch_pointer_count);
     if (lent.staging != nullptr) {
       staged_parameters.lent = lent.staging;
       staged_gradients.lent = lent.staging + staging;
@@ -511,20 +539,20 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
   for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, parts, columns});
 }
 
-// Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one strided batch of
-// the NH heads per sequence (attention_products.hpp); on the host the per-element stages, in the CPU loops' order.
+// Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one batch of the B * NH
+// heads each (attention_products.hpp); on the host the per-element stages, in the CPU loops' order.
 inline void attention_forward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* out,
                               float* att, const float* qkv) {
   using namespace device_kernels;
   const index B = s.B;
 #if defined(__CUDACC__)
-  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::scores(g, qkv, att, b), "GPT-2 attention scores");
+  s.matmul.run(attention_products::scores(g, qkv, att, B), "GPT-2 attention scores");
 #else
   for_each_index(B * g.NH * g.T * g.T, attention_scores{att, qkv, g});
 #endif
   for_each_index(B * g.NH * g.T, attention_softmax{att, g.T});  // in place
 #if defined(__CUDACC__)
-  for (index b = 0; b < B; ++b) s.matmul.run(attention_products::values(g, att, qkv, out, b), "GPT-2 attention values");
+  s.matmul.run(attention_products::values(g, att, qkv, out, B), "GPT-2 attention values");
 #else
   for_each_index(B * g.T * g.C, attention_values{out, att, qkv, g});
 #endif
@@ -538,14 +566,11 @@ inline void attention_backward(device_workspace::state& s, const device_kernels:
   namespace products = attention_products;
   const index B = s.B;
 #if defined(__CUDACC__)
-  for (index b = 0; b < B; ++b)
-    s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, b), "GPT-2 attention backward (weights)");
+  s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, B), "GPT-2 attention backward (weights)");
   for_each_index(B * g.NH * g.T, attention_backward_softmax{datt, att, g.T});
-  for (index b = 0; b < B; ++b) {
-    s.matmul.run(products::queries_backward(g, datt, qkv, dqkv, b), "GPT-2 attention backward (queries)");
-    s.matmul.run(products::keys_backward(g, datt, qkv, dqkv, b), "GPT-2 attention backward (keys)");
-    s.matmul.run(products::values_backward(g, att, dout, dqkv, b), "GPT-2 attention backward (values)");
-  }
+  s.matmul.run(products::queries_backward(g, datt, qkv, dqkv, B), "GPT-2 attention backward (queries)");
+  s.matmul.run(products::keys_backward(g, datt, qkv, dqkv, B), "GPT-2 attention backward (keys)");
+  s.matmul.run(products::values_backward(g, att, dout, dqkv, B), "GPT-2 attention backward (values)");
 #else
   for_each_index(B * g.NH * g.T * g.T, attention_backward_weights{datt, dout, qkv, g});
   for_each_index(B * g.NH * g.T, attention_backward_softmax{datt, att, g.T});
