@@ -470,6 +470,9 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   std::size_t mirror_elements = 0;
   device_kernels::row_segments layernorm_segments() const { return device_detail::layernorm_segments(C); }
   device_kernels::row_segments softmax_segments() const { return device_detail::softmax_segments(V); }
+  /// The head's softmax sums, one per row: head_forward leaves them for head_backward (the passes between use no
+  /// row statistics; layer norm's backward takes row_stats only after the head's backward has read them).
+  float* head_row_sums() { return scratch.row_stats + B * T; }
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};
   std::vector<std::uint64_t> mirror_versions;  // the version each tensor's copy was taken at (never: not yet)
@@ -715,14 +718,13 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   float* maxima = s.scratch.row_parts;
   float* sums = s.scratch.row_parts + parts;
   float* row_max = s.scratch.row_stats;
-  float* row_sum = s.scratch.row_stats + BT;
+  float* row_sum = s.head_row_sums();
   using namespace device_kernels;
   device_detail::for_each_index(parts, softmax_segment_max{maxima, raw(s.logits), segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
   device_detail::for_each_index(parts, softmax_segment_exp{raw(s.logits), sums, row_max, segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_sum{row_sum, sums, segments});
-  device_detail::for_each_index(BT * s.Vp, softmax_normalize{raw(s.logits), row_sum, s.V, s.Vp});  // probabilities
-  device_detail::for_each_index(BT, crossentropy_forward{raw(s.losses), raw(s.logits), d_targets, s.Vp});
+  device_detail::for_each_index(BT, crossentropy_forward{raw(s.losses), raw(s.logits), row_sum, d_targets, s.Vp});
   s.host_losses.resize(BT);
   thrust::copy_n(thrust::device_pointer_cast(raw(s.losses)), BT, s.host_losses.begin());
   double sum = 0;  // in double, in row order, as the CPU's head_forward
@@ -741,9 +743,9 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   zero(dresidual, BTC);
   const float* residual = raw(s.residual3) + (s.L - 1) * BTC;
   const float dloss = 1.0f / static_cast<float>(BT);
-  float* dlogits = raw(s.logits);  // the probabilities forward left there, replaced
-  device_detail::for_each_index(BT * s.Vp,
-                                device_kernels::crossentropy_softmax_backward{dlogits, d_targets, dloss, s.V, s.Vp});
+  float* dlogits = raw(s.logits);  // the exponentials forward left there, replaced
+  device_detail::for_each_index(BT * s.Vp, device_kernels::crossentropy_softmax_backward{dlogits, s.head_row_sums(),
+                                                                                         d_targets, dloss, s.V, s.Vp});
   s.matmul.backward(raw(s.dlnf), d_wte, nullptr, dlogits, raw(s.lnf), wte, BT, C, s.Vp);
   device_detail::layernorm_backward(s, dresidual, d_ln_f_weight, d_ln_f_bias, raw(s.dlnf), residual, ln_f_weight,
                                     raw(s.lnf_mean), raw(s.lnf_rstd), BT);
