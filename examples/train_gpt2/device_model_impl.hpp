@@ -121,9 +121,9 @@ class matmul_context {
     device_kernels::kernel_times::instance().time("cuBLAS attention products", [&] {
       CHUNKWISE_CUBLAS_TRY(cublasGemmBatchedEx(handle_, op(p.transpose_a), op(p.transpose_b), to_int(p.m), to_int(p.n),
                                                to_int(p.k), &p.alpha, reinterpret_cast<const void* const*>(a),
-                                               CUDA_R_32F, to_int(p.lda), reinterpret_cast<const void* const*>(b),
-                                               CUDA_R_32F, to_int(p.ldb), &p.beta, reinterpret_cast<void* const*>(c),
-                                               CUDA_R_32F, to_int(p.ldc), to_int(count), compute_type(),
+                                               CUDA_R_32F, to_int(p.a.ld), reinterpret_cast<const void* const*>(b),
+                                               CUDA_R_32F, to_int(p.b.ld), &p.beta, reinterpret_cast<void* const*>(c),
+                                               CUDA_R_32F, to_int(p.c.ld), to_int(count), compute_type(),
                                                CUBLAS_GEMM_DEFAULT),
                            what);
     });

@@ -287,7 +287,7 @@ class runtime {
   chunk_collectives<collective, Comm> ops_;
   chunk_map map_;
   detail::pass_chunk_lists pass_chunks_;  // the chunks each pass touches, in first-touch order
-  detail::chunk_placement placement_;                    // device blocks, resident and offloaded chunks
+  detail::chunk_placement placement_;     // device blocks, resident and offloaded chunks
   std::vector<record> chunks_;      // after the tiers: destroyed first, returning their memory
   homes_type homes_;                // after the records (its layout comes from them)
   gradients_type gradients_;
