@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -260,6 +261,59 @@ TEST_CASE("the device passes on chunks in device memory at 2 ranks over device c
           0.0);
   }
 }
+TEST_CASE("a checkpoint loaded under the device executor reaches the device mirror, at a step count it has seen") {
+  // --gpu-chunks off: the passes compute on a device copy of the host chunks, taken again where the parameters'
+  // version changed. Run A's checkpoint, saved after its step 1, loaded after run B's step 1 (at another learning
+  // rate): the step count is 1 before and after, the parameters are A's, and B's next forward must see them.
+  using Plan = resident_plan;
+  const auto config = gpt2_device_cases::small_config();
+  const auto model = gpt2::trace_profile(config);
+  const test::temp_dir saved;
+  thread_world world(1);
+  auto comm = world.comm(0);
+  using runtime_type = runtime<Plan, host_backend, thread_comm>;
+  const auto make_runtime = [&] {
+    return std::make_unique<runtime_type>(model, comm, gpt2::initializer(config, 9),
+                                          run_options<Plan>(1 * GiB, dtype::fp32));
+  };
+  std::vector<int> tokens, targets;
+  const auto step = [&](runtime_type& rt, auto& executor, auto& restart, float lr) {
+    gpt2_device_cases::batch_of(config, 0, tokens, targets);
+    rt.zero_grad();
+    restart();
+    gpt2::forward(executor, config, tokens.data(), targets.data());
+    gpt2::backward(executor, config, tokens.data(), targets.data());
+    rt.step(lr);
+    gpt2_device_cases::batch_of(config, 1, tokens, targets);  // the evaluations' batch
+    restart();
+  };
+  double expected = 0;  // run A's loss after its step, on the CPU executor
+  {
+    const auto rt = make_runtime();
+    fp32_compute compute(*rt);
+    gpt2::activations<float> acts(config);
+    gpt2::chunk_executor cpu(*rt, compute, acts);
+    const auto restart = [&] { cpu.restart(); };
+    step(*rt, cpu, restart, 1e-3f);
+    rt->save_checkpoint(saved.path());
+    expected = gpt2::forward(cpu, config, tokens.data(), targets.data());
+  }
+  const auto rt = make_runtime();
+  fp32_compute compute(*rt);
+  gpt2::device_workspace workspace(config);
+  gpt2::chunk_tensors chunks(*rt, compute);
+  gpt2::device_executor device(chunks, workspace, config);
+  const auto restart = [&] { chunks.restart(); };
+  step(*rt, device, restart, 1e-2f);
+  const double own = gpt2::forward(device, config, tokens.data(), targets.data());  // the mirror takes B's step 1
+  rt->load_checkpoint(saved.path());
+  REQUIRE(rt->steps() == 1);
+  restart();
+  const double loaded = gpt2::forward(device, config, tokens.data(), targets.data());
+  CHECK(own != expected);  // the runs' parameters differ
+  CHECK(loaded == expected);
+}
+
 TEST_CASE("the embedding's backward on the device adds each token's positions in the CPU's order, bit for bit") {
   // Five tokens over the batch, each at many positions: the buckets' order is what makes the bits the CPU's.
   const auto config = gpt2_device_cases::small_config();

@@ -41,8 +41,8 @@ class chunk_tensors {
   }
   float* parameter(std::size_t t) { return compute_->parameter(static_cast<std::uint32_t>(t)); }
   float* gradient(std::size_t t) { return compute_->gradient(static_cast<std::uint32_t>(t)); }
-  /// Changes whenever the parameters do: the optimizer's applied steps.
-  [[nodiscard]] std::uint64_t version() const { return rt_->steps(); }
+  /// Changes whenever the parameters do: the optimizer's applied steps and the checkpoints loaded.
+  [[nodiscard]] std::uint64_t version() const { return rt_->parameters_version(); }
 
  private:
   Runtime* rt_;

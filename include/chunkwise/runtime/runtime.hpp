@@ -203,6 +203,7 @@ class runtime {
     fetches_.settle();
     for (auto& b : chunks_) homes_.invalidate(b.index);
     steps_ = chunkwise::load_checkpoint(site(), directory);
+    ++parameter_writes_;
     for (auto& b : chunks_) b.life = chunk_life(b.index, initial_state(b.index));
     start_iteration();
   }
@@ -221,6 +222,9 @@ class runtime {
   /// Chunks streamed from the placement's home (0 for resident placements).
   [[nodiscard]] std::size_t streamed_chunks() const noexcept { return homes_.streamed_chunks(); }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+  /// Changes whenever the runtime writes the parameters (an applied step, a loaded checkpoint), unlike steps(), which
+  /// a checkpoint can set back to a count it had: what a copy of them taken elsewhere (a device mirror) is checked by.
+  [[nodiscard]] std::uint64_t parameters_version() const noexcept { return parameter_writes_; }
   /// The global gradient norm of the last step, unscaled and before clipping (NaN unless runtime_options::clip_norm
   /// or loss_scaling is set).
   [[nodiscard]] double last_grad_norm() const noexcept { return optimizer_.last_grad_norm(); }
@@ -251,7 +255,10 @@ class runtime {
   void finish_step(std::optional<float> lr) {
     detail::require_backward_done<Comm>(chunks_);
     gradients_.finish(reduced_sink());
-    if (optimizer_.finish(steps_ + 1, lr)) ++steps_;  // a step skipped for overflow does not count
+    if (optimizer_.finish(steps_ + 1, lr)) {  // a step skipped for overflow does not count
+      ++steps_;
+      ++parameter_writes_;
+    }
     for (auto& b : chunks_) b.life.updated(/*on_device=*/!collective::shards_parameters && !homes_.streamed(b.index));
     gradients_.next_step();
     start_iteration();
@@ -294,6 +301,7 @@ class runtime {
   parameter_fetches<collective, Comm, homes_type, gradients_type> fetches_;
   optimizer_stage<collective, Comm, homes_type> optimizer_;  // last: its running updates use everything above
   std::uint64_t steps_ = 0;
+  std::uint64_t parameter_writes_ = 0;  // parameters_version()
 };
 
 }  // namespace chunkwise
