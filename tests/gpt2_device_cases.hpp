@@ -5,6 +5,9 @@
 #include "device_executor.hpp"
 #include "reference_trainer.hpp"
 
+#include <thrust/device_vector.h>
+#include <thrust/host_vector.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -87,7 +90,48 @@ inline void check_against_cpu(const gpt2::model_config& config, double tolerance
   }
 }
 
+/// Attention's softmax and its backward in the GPU's form, one warp per row (device_kernels::for_each_row: the kernel
+/// on the GPU, its lanes emulated on the host), against the per-row stages of the CPU's order: rows of T = 45, so a
+/// row's lanes hold 0, 1 or 2 elements, and past t garbage the softmax must overwrite with zeros. The sums' order is
+/// the lanes' butterfly, not the row's: equal to rounding.
+inline void check_softmax_rows() {
+  using namespace gpt2::device_kernels;
+  using index = gpt2::device_kernels::index;  // not POSIX's index()
+  const index T = 45, rows = 2 * 3 * T, n = rows * T;
+  std::vector<float> scores(n), gradients(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool causal = i % T <= (i / T) % T;
+    scores[i] = causal ? std::sin(static_cast<float>(i) * 0.37f) * 6.0f : 1e30f;
+    gradients[i] = causal ? std::cos(static_cast<float>(i) * 0.11f) : -1e30f;
+  }
+  thrust::device_vector<float> d_att(scores.begin(), scores.end()), d_datt(gradients.begin(), gradients.end());
+  for_each_row(rows, attention_softmax_lanes{thrust::raw_pointer_cast(d_att.data()), T});
+  std::vector<float> att = scores;
+  for (index row = 0; row < rows; ++row) attention_softmax{att.data(), T}(row);
+  const thrust::host_vector<float> lanes_att = d_att;
+  for_each_row(rows, attention_backward_softmax_lanes{thrust::raw_pointer_cast(d_datt.data()),
+                                                      thrust::raw_pointer_cast(d_att.data()), T});
+  std::vector<float> datt = gradients;
+  for (index row = 0; row < rows; ++row) attention_backward_softmax{datt.data(), att.data(), T}(row);
+  const thrust::host_vector<float> lanes_datt = d_datt;
+  std::size_t differing = 0, masked_nonzero = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % T > (i / T) % T) {
+      masked_nonzero += lanes_att[i] != 0.0f || lanes_datt[i] != 0.0f;
+      continue;
+    }
+    differing += std::abs(lanes_att[i] - att[i]) > 1e-5f * std::abs(att[i]) + 1e-12f;
+    differing += std::abs(lanes_datt[i] - datt[i]) > 1e-5f * (std::abs(datt[i]) + std::abs(att[i]));
+  }
+  CHECK(differing == 0);
+  CHECK(masked_nonzero == 0);
+}
+
 }  // namespace gpt2_device_cases
+
+TEST_CASE("attention's softmax and its backward, one warp per row, give the per-row stages' values") {
+  gpt2_device_cases::check_softmax_rows();
+}
 
 TEST_CASE("GPT-2's device passes give the CPU loops' loss and gradients") {
   gpt2_device_cases::check_against_cpu(gpt2_device_cases::small_config(), GPT2_DEVICE_TOLERANCE);

@@ -333,6 +333,22 @@ TEST_CASE("the embedding's backward on the device adds each token's positions in
   CHECK(dwpe == cpu_wpe);
 }
 
+TEST_CASE("the host's lanes add in the butterfly's order, as a warp's shuffles do") {
+  // Lane 0 holds 1e8, lane 16 -1e8, the others 1: the butterfly's first step cancels the pair (lanes 0 and 16), so
+  // the ones all count (30); the row's order adds them to 1e8 first, where they round away (15).
+  using gpt2::warp_lanes::host_lanes;
+  host_lanes::values v;
+  v.fill(1.0f);
+  v[0] = 1e8f;
+  v[16] = -1e8f;
+  CHECK(host_lanes::sum(v) == 30.0f);
+  float sequential = 0;
+  for (const float x : v) sequential += x;
+  CHECK(sequential == 15.0f);
+  v[5] = 2e8f;
+  CHECK(host_lanes::max(v) == 2e8f);
+}
+
 TEST_CASE("backward's bias sums on the device, by segments of rows, give the CPU's column sums bit for bit") {
   // The GPU's bias backward (matmul_context::backward); the host build's products leave it to the CPU loops, so it is
   // checked here alone: 150 rows (two whole segments and a partial one) of 37 columns, onto a nonzero dbias.

@@ -10,6 +10,7 @@
 
 #include "gelu_math.hpp"    // GPT2_HOST_DEVICE, tanh_approx
 #include "gpt2_model.hpp"  // kernels::softmax_segment
+#include "warp_lanes.hpp"
 
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
@@ -34,6 +35,8 @@
 #include <cxxabi.h>
 #endif
 #if defined(__CUDACC__)
+#include <chunkwise/core/cuda/checked_call.cuh>
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif
@@ -128,6 +131,37 @@ void for_each_index(index n, const Functor& f) {
   else
     run();
 }
+
+#if defined(__CUDACC__)
+template <class RowOp>
+__global__ void rows_by_warps(RowOp op, index rows) {
+  const index row = (static_cast<index>(blockIdx.x) * blockDim.x + threadIdx.x) / warp_lanes::width;
+  if (row < rows) op(row, warp_lanes::device_lanes{threadIdx.x % warp_lanes::width});  // whole warps leave together
+}
+
+/// op(row, lanes) for every row in [0, rows), one warp per row (warp_lanes.hpp), in stream order after earlier work.
+template <class RowOp>
+void for_each_row(index rows, const RowOp& op) {
+  if (rows == 0) return;
+  constexpr unsigned block = 256;  // 8 rows a block
+  const index blocks = (rows * warp_lanes::width + block - 1) / block;
+  const auto run = [&] {
+    rows_by_warps<<<static_cast<unsigned>(blocks), block>>>(op, rows);
+    CHUNKWISE_CUDA_TRY(cudaGetLastError(), "GPT-2 device passes: " + kernel_name<RowOp>());
+  };
+  auto& times = kernel_times::instance();
+  if (times.enabled())
+    times.time(kernel_name<RowOp>(), run);
+  else
+    run();
+}
+#else
+/// The host system's for_each_row: the kernel's host twin, each row's 32 lanes emulated (warp_lanes::host_lanes).
+template <class RowOp>
+void for_each_row(index rows, const RowOp& op) {
+  for_each_index(rows, [op](index row) { op(row, warp_lanes::host_lanes{}); });
+}
+#endif
 
 // bf16 chunks (the runtime's parameters and gradient accumulators under --dtype bf16), on raw bits: chunkwise's
 // to_float and to_bf16 (round to nearest even, NaN kept quiet), so the host and the GPU give the runtime's bits.
@@ -505,6 +539,26 @@ struct attention_softmax {
   }
 };
 
+// Forward 2 on the GPU: attention_softmax's maths, one warp per row (the per-row form reads each of 32 neighbouring
+// threads' elements a row apart): the lanes' maxima and sums combined by butterflies, so the sum is not the CPU's
+// sequential one (host_lanes runs these additions in the GPU's order, to test this against the CPU loops).
+struct attention_softmax_lanes {
+  float* att;
+  index T;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    const index t = row % T;
+    float* a = att + row * T;
+    const float maxval = lanes.max(lanes.fold(t + 1, -INFINITY, [&](float m, index t2) { return fmaxf(m, a[t2]); }));
+    const float expsum = lanes.sum(lanes.fold(t + 1, 0.0f, [&](float sum, index t2) {
+      const float e = expf(a[t2] - maxval);
+      a[t2] = e;  // each lane reads back only its own elements below
+      return sum + e;
+    }));
+    lanes.for_each(T, [&](index t2) { a[t2] = t2 <= t ? a[t2] / expsum : 0.0f; });
+  }
+};
+
 // Forward 3: out[b, t, h, k] = sum over t2 <= t of att[row, t2] * v(t2)[k], one output element per index (b, t, h, k:
 // k fastest, so neighbouring threads read neighbouring values).
 struct attention_values {
@@ -554,6 +608,21 @@ struct attention_backward_softmax {
     for (index t2 = 0; t2 <= t; ++t2) weighted += a[t2] * d[t2];
     for (index t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - weighted);
     for (index t2 = t + 1; t2 < T; ++t2) d[t2] = 0;
+  }
+};
+
+// Backward 2 on the GPU: attention_backward_softmax's maths, one warp per row (as attention_softmax_lanes).
+struct attention_backward_softmax_lanes {
+  float* datt;
+  const float* att;
+  index T;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    const index t = row % T;
+    const float* a = att + row * T;
+    float* d = datt + row * T;
+    const float weighted = lanes.sum(lanes.fold(t + 1, 0.0f, [&](float sum, index t2) { return sum + a[t2] * d[t2]; }));
+    lanes.for_each(T, [&](index t2) { d[t2] = t2 <= t ? a[t2] * (d[t2] - weighted) : 0.0f; });
   }
 };
 

@@ -543,20 +543,19 @@ inline void layernorm_backward(device_workspace::state& s, float* dinp, float* d
 }
 
 // Causal self-attention (device_kernels.hpp's stages). On the GPU its products are cuBLAS's, one batch of the B * NH
-// heads each (attention_products.hpp); on the host the per-element stages, in the CPU loops' order.
+// heads each (attention_products.hpp), and its softmaxes one warp per row; on the host the per-element and per-row
+// stages, in the CPU loops' order.
 inline void attention_forward(device_workspace::state& s, const device_kernels::attention_geometry& g, float* out,
                               float* att, const float* qkv) {
   using namespace device_kernels;
   const index B = s.B;
 #if defined(__CUDACC__)
   s.matmul.run(attention_products::scores(g, qkv, att, B), "GPT-2 attention scores");
-#else
-  for_each_index(B * g.NH * g.T * g.T, attention_scores{att, qkv, g});
-#endif
-  for_each_index(B * g.NH * g.T, attention_softmax{att, g.T});  // in place
-#if defined(__CUDACC__)
+  for_each_row(B * g.NH * g.T, attention_softmax_lanes{att, g.T});  // in place
   s.matmul.run(attention_products::values(g, att, qkv, out, B), "GPT-2 attention values");
 #else
+  for_each_index(B * g.NH * g.T * g.T, attention_scores{att, qkv, g});
+  for_each_index(B * g.NH * g.T, attention_softmax{att, g.T});  // in place
   for_each_index(B * g.T * g.C, attention_values{out, att, qkv, g});
 #endif
 }
@@ -570,7 +569,7 @@ inline void attention_backward(device_workspace::state& s, const device_kernels:
   const index B = s.B;
 #if defined(__CUDACC__)
   s.matmul.run(products::attention_weights_backward(g, dout, qkv, datt, B), "GPT-2 attention backward (weights)");
-  for_each_index(B * g.NH * g.T, attention_backward_softmax{datt, att, g.T});
+  for_each_row(B * g.NH * g.T, attention_backward_softmax_lanes{datt, att, g.T});
   s.matmul.run(products::queries_backward(g, datt, qkv, dqkv, B), "GPT-2 attention backward (queries)");
   s.matmul.run(products::keys_backward(g, datt, qkv, dqkv, B), "GPT-2 attention backward (keys)");
   s.matmul.run(products::values_backward(g, att, dout, dqkv, B), "GPT-2 attention backward (values)");

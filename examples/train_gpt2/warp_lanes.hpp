@@ -1,0 +1,83 @@
+#pragma once
+// One warp per row, for row operations over rows contiguous in memory (attention's (B, NH, T, T) weights): lane l
+// takes the row's elements l, l + 32, ..., so each step of the warp reads 32 neighbouring floats, where one thread per
+// row reads 32 elements a whole row apart. A row's reductions combine the lanes' partial results by a butterfly of
+// shuffles. An operation is written once, as `op(row, lanes)` over the lanes' three primitives (fold, for_each and the
+// butterflies), and runs with `device_lanes` in a kernel (device_kernels::for_each_row) or with `host_lanes`, which
+// emulates the 32 lanes on the CPU with the butterfly's additions in the GPU's order: the kernel's host twin, which the
+// tests run against the CPU loops.
+#include "gelu_math.hpp"  // GPT2_HOST_DEVICE
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+
+namespace gpt2::warp_lanes {
+
+using index = std::size_t;
+inline constexpr unsigned width = 32;
+
+/// The 32 lanes as the CPU runs them: a lane's partial result is an array of the 32 lanes' values, each lane's fold
+/// run in its own order (no lane reads another's elements, so the order between lanes does not matter).
+struct host_lanes {
+  using values = std::array<float, width>;
+  /// Each lane's f(... f(f(init, l), l + 32) ..., last), over its elements l < n of stride 32.
+  template <class F>
+  values fold(index n, float init, F&& f) const {
+    values v;
+    for (unsigned lane = 0; lane < width; ++lane) {
+      v[lane] = init;
+      for (index i = lane; i < n; i += width) v[lane] = f(v[lane], i);
+    }
+    return v;
+  }
+  template <class F>
+  void for_each(index n, F&& f) const {
+    for (index i = 0; i < n; ++i) f(i);
+  }
+  /// The butterfly: at each offset 16, 8, 4, 2, 1 lane l combines its value with lane l ^ offset's, so every lane ends
+  /// with the same result (combine is commutative).
+  template <class Combine>
+  static float butterfly(values v, Combine combine) {
+    for (unsigned offset = width / 2; offset > 0; offset /= 2) {
+      values next;
+      for (unsigned lane = 0; lane < width; ++lane) next[lane] = combine(v[lane], v[lane ^ offset]);
+      v = next;
+    }
+    return v[0];
+  }
+  static float sum(const values& v) { return butterfly(v, [](float a, float b) { return a + b; }); }
+  static float max(const values& v) { return butterfly(v, [](float a, float b) { return fmaxf(a, b); }); }
+};
+
+#if defined(__CUDACC__)
+/// A lane of a warp that holds one row: every lane of the warp calls each primitive (the butterflies' shuffles need
+/// all 32). Host-callable only to compile as the host pass of a __host__ __device__ operation; it runs in kernels.
+struct device_lanes {
+  unsigned lane;
+  template <class F>
+  GPT2_HOST_DEVICE float fold(index n, float init, F&& f) const {
+    float v = init;
+    for (index i = lane; i < n; i += width) v = f(v, i);
+    return v;
+  }
+  template <class F>
+  GPT2_HOST_DEVICE void for_each(index n, F&& f) const {
+    for (index i = lane; i < n; i += width) f(i);
+  }
+  GPT2_HOST_DEVICE static float sum(float v) {
+#if defined(__CUDA_ARCH__)
+    for (unsigned offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+#endif
+    return v;
+  }
+  GPT2_HOST_DEVICE static float max(float v) {
+#if defined(__CUDA_ARCH__)
+    for (unsigned offset = width / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+#endif
+    return v;
+  }
+};
+#endif
+
+}  // namespace gpt2::warp_lanes
