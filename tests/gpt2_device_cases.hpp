@@ -127,10 +127,85 @@ inline void check_softmax_rows() {
   CHECK(masked_nonzero == 0);
 }
 
+/// Layer norm's forward and its input's gradient, and the head's softmax, in the GPU's form (one warp per row, as
+/// check_softmax_rows) against the CPU order's stages: rows of C = 100 channels (3 or 4 per lane) and of V = 600
+/// tokens (Vp = 640: the padded columns are left as they are).
+inline void check_row_kernels() {
+  using namespace gpt2::device_kernels;
+  using index = gpt2::device_kernels::index;  // not POSIX's index()
+  const index rows = 7, C = 100, V = 600, Vp = 640;
+  std::vector<float> x(rows * C), dout(rows * C), weight(C), bias(C), dinp(rows * C), logits(rows * Vp);
+  const auto fill = [](std::vector<float>& v, float step, float scale, float offset) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * step) * scale + offset;
+  };
+  fill(x, 0.29f, 2.0f, 0.5f);
+  fill(dout, 0.13f, 1.0f, 0.0f);
+  fill(weight, 0.7f, 0.5f, 1.0f);
+  fill(bias, 0.3f, 0.1f, 0.0f);
+  fill(dinp, 0.05f, 0.2f, 0.0f);
+  fill(logits, 0.011f, 9.0f, 1.0f);
+  const auto device = [](const std::vector<float>& v) { return thrust::device_vector<float>(v.begin(), v.end()); };
+  const auto raw = [](thrust::device_vector<float>& v) { return thrust::raw_pointer_cast(v.data()); };
+  auto d_x = device(x), d_dout = device(dout), d_weight = device(weight), d_bias = device(bias),
+       d_dinp = device(dinp), d_logits = device(logits);
+  thrust::device_vector<float> d_out(rows * C), d_mean(rows), d_rstd(rows), d_sum(rows);
+  for_each_row(rows, layernorm_forward_lanes{raw(d_out), raw(d_mean), raw(d_rstd), raw(d_x), raw(d_weight),
+                                             raw(d_bias), C});
+  for_each_row(rows, layernorm_backward_input_lanes{raw(d_dinp), raw(d_dout), raw(d_x), raw(d_weight), raw(d_mean),
+                                                    raw(d_rstd), C});
+  for_each_row(rows, softmax_lanes{raw(d_logits), raw(d_sum), V, Vp});
+
+  // The CPU order's stages, on the host.
+  const auto each = [](index n, const auto& stage) {
+    for (index i = 0; i < n; ++i) stage(i);
+  };
+  const row_segments norm_segments{C, gpt2::kernels::layernorm_segment};
+  std::vector<float> parts(2 * rows * norm_segments.per_row()), out(rows * C), mean(rows), rstd(rows),
+      means(2 * rows), sum(rows);
+  each(rows * norm_segments.per_row(), layernorm_partial_sums{parts.data(), x.data(), nullptr, norm_segments});
+  each(rows, layernorm_mean{mean.data(), parts.data(), norm_segments});
+  each(rows * norm_segments.per_row(), layernorm_partial_sums{parts.data(), x.data(), mean.data(), norm_segments});
+  each(rows, layernorm_rstd{rstd.data(), parts.data(), norm_segments});
+  each(rows * C, layernorm_normalize{out.data(), x.data(), mean.data(), rstd.data(), weight.data(), bias.data(), C});
+  each(rows * norm_segments.per_row(), layernorm_backward_partials{parts.data(), dout.data(), x.data(), weight.data(),
+                                                                   mean.data(), rstd.data(), norm_segments, rows});
+  each(rows, layernorm_backward_means{means.data(), parts.data(), norm_segments, rows});
+  each(rows * C, layernorm_backward_input{dinp.data(), dout.data(), x.data(), weight.data(), mean.data(), rstd.data(),
+                                          means.data(), rows, C});
+  const row_segments vocab_segments{V, gpt2::kernels::softmax_segment};
+  std::vector<float> maxima(rows * vocab_segments.per_row()), row_max(rows), sums(maxima.size());
+  each(maxima.size(), softmax_segment_max{maxima.data(), logits.data(), vocab_segments, Vp});
+  each(rows, softmax_row_max{row_max.data(), maxima.data(), vocab_segments});
+  const std::vector<float> padded = logits;
+  each(maxima.size(), softmax_segment_exp{logits.data(), sums.data(), row_max.data(), vocab_segments, Vp});
+  each(rows, softmax_row_sum{sum.data(), sums.data(), vocab_segments});
+
+  const auto differing = [](const thrust::device_vector<float>& got, const std::vector<float>& expected) {
+    const thrust::host_vector<float> values = got;
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      count += std::abs(values[i] - expected[i]) > 1e-5f * std::abs(expected[i]) + 1e-6f;
+    return count;
+  };
+  CHECK(differing(d_out, out) == 0);
+  CHECK(differing(d_mean, mean) == 0);
+  CHECK(differing(d_rstd, rstd) == 0);
+  CHECK(differing(d_dinp, dinp) == 0);
+  CHECK(differing(d_sum, sum) == 0);
+  CHECK(differing(d_logits, logits) == 0);  // the exponentials, and the padded columns untouched
+  const thrust::host_vector<float> exponentials = d_logits;
+  for (index row = 0; row < rows; ++row)
+    for (index c = V; c < Vp; ++c) REQUIRE(exponentials[row * Vp + c] == padded[row * Vp + c]);
+}
+
 }  // namespace gpt2_device_cases
 
 TEST_CASE("attention's softmax and its backward, one warp per row, give the per-row stages' values") {
   gpt2_device_cases::check_softmax_rows();
+}
+
+TEST_CASE("layer norm and the head's softmax, one warp per row, give the CPU order's stages' values") {
+  gpt2_device_cases::check_row_kernels();
 }
 
 TEST_CASE("GPT-2's device passes give the CPU loops' loss and gradients") {

@@ -356,6 +356,31 @@ struct layernorm_normalize {
   }
 };
 
+// Layer norm forward on the GPU, one warp per row: the stages above in one kernel, the row's sums the lanes'
+// butterflies (not the CPU's segments: equal to rounding), the row read from cache after its first pass.
+struct layernorm_forward_lanes {
+  float* out;
+  float* mean;
+  float* rstd;
+  const float* inp;
+  const float* weight;
+  const float* bias;
+  index C;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    const float* x = inp + row * C;
+    const float n = static_cast<float>(C);
+    const float m = lanes.sum(lanes.fold(C, 0.0f, [&](float sum, index c) { return sum + x[c]; })) / n;
+    const float v = lanes.sum(lanes.fold(C, 0.0f, [&](float sum, index c) { return sum + (x[c] - m) * (x[c] - m); }));
+    const float r = 1.0f / sqrtf(v / n + layernorm_eps);
+    lanes.for_each(C, [&](index c) { out[row * C + c] = r * (x[c] - m) * weight[c] + bias[c]; });
+    if (lanes.leader()) {
+      mean[row] = m;
+      rstd[row] = r;
+    }
+  }
+};
+
 // Layer norm backward, the input's gradient. Stage 1, one (row, segment) per index: the segment's sums of dnorm and
 // of dnorm * norm (parts: the first rows * segments, then the second).
 struct layernorm_backward_partials {
@@ -406,6 +431,32 @@ struct layernorm_backward_input {
     const index row = i / C, c = i % C;
     const float norm = (inp[i] - mean[row]) * rstd[row];
     dinp[i] += (weight[c] * dout[i] - means[row] - norm * means[rows + row]) * rstd[row];
+  }
+};
+
+// The input's gradient on the GPU, one warp per row: stages 1 to 3 in one kernel (as layernorm_forward_lanes).
+struct layernorm_backward_input_lanes {
+  float* dinp;
+  const float* dout;
+  const float* inp;
+  const float* weight;
+  const float* mean;
+  const float* rstd;
+  index C;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    const float* d = dout + row * C;
+    const float* x = inp + row * C;
+    const float m = mean[row], r = rstd[row], n = static_cast<float>(C);
+    const float dnorm_mean =
+        lanes.sum(lanes.fold(C, 0.0f, [&](float sum, index c) { return sum + weight[c] * d[c]; })) / n;
+    const float dnorm_norm_mean = lanes.sum(lanes.fold(C, 0.0f, [&](float sum, index c) {
+      return sum + weight[c] * d[c] * ((x[c] - m) * r);
+    })) / n;
+    lanes.for_each(C, [&](index c) {
+      const float norm = (x[c] - m) * r;
+      dinp[row * C + c] += (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * r;
+    });
   }
 };
 
@@ -773,6 +824,26 @@ struct softmax_row_sum {
   const float* sums;
   row_segments s;
   GPT2_HOST_DEVICE void operator()(index row) const { row_sum[row] = s.combine(sums, row); }
+};
+
+// Stages 1 to 4 on the GPU, one warp per row: the exponentials in place of the logits and the row's sum, the lanes'
+// butterflies combining the maximum and the sum (not the CPU's segments: equal to rounding). Each lane's 1,572
+// columns at GPT-2's V are read in neighbouring groups of 32 floats, where a thread per segment reads a segment's
+// 256 floats while its neighbours read theirs 1 KiB away.
+struct softmax_lanes {
+  float* logits;
+  float* row_sum;
+  index V, Vp;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    float* l = logits + row * Vp;
+    const float m = lanes.max(lanes.fold(V, -INFINITY, [&](float max, index c) { return fmaxf(max, l[c]); }));
+    const float sum = lanes.sum(lanes.fold(V, 0.0f, [&](float part, index c) {
+      l[c] = expf(l[c] - m);
+      return part + l[c];
+    }));
+    if (lanes.leader()) row_sum[row] = sum;
+  }
 };
 
 // The probabilities are never written as such: the loss reads one per row, and the backward divides each

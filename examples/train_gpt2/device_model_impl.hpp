@@ -516,6 +516,9 @@ inline float* staged_gradient(device_workspace::state& s, std::size_t offset, st
 inline void layernorm_forward(device_workspace::state& s, float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, index rows) {
   using namespace device_kernels;
+#if defined(__CUDACC__)
+  for_each_row(rows, layernorm_forward_lanes{out, mean, rstd, inp, weight, bias, s.C});
+#else
   const row_segments segments = s.layernorm_segments();
   float* parts = s.scratch.row_parts;
   const index partials = rows * segments.per_row();
@@ -524,19 +527,24 @@ inline void layernorm_forward(device_workspace::state& s, float* out, float* mea
   for_each_index(partials, layernorm_partial_sums{parts, inp, mean, segments});
   for_each_index(rows, layernorm_rstd{rstd, parts, segments});
   for_each_index(rows * s.C, layernorm_normalize{out, inp, mean, rstd, weight, bias, s.C});
+#endif
 }
 
 inline void layernorm_backward(device_workspace::state& s, float* dinp, float* dweight, float* dbias,
                                const float* dout, const float* inp, const float* weight, const float* mean,
                                const float* rstd, index rows) {
   using namespace device_kernels;
-  const row_segments segments = s.layernorm_segments();
   float* parts = s.scratch.row_parts;
+#if defined(__CUDACC__)
+  for_each_row(rows, layernorm_backward_input_lanes{dinp, dout, inp, weight, mean, rstd, s.C});
+#else
+  const row_segments segments = s.layernorm_segments();
   float* means = s.scratch.row_stats;
   for_each_index(rows * segments.per_row(),
                  layernorm_backward_partials{parts, dout, inp, weight, mean, rstd, segments, rows});
   for_each_index(rows, layernorm_backward_means{means, parts, segments, rows});
   for_each_index(rows * s.C, layernorm_backward_input{dinp, dout, inp, weight, mean, rstd, means, rows, s.C});
+#endif
   const column_segments columns{rows, s.C};
   for_each_index(columns.count() * s.C, layernorm_backward_parameter_partials{parts, dout, inp, mean, rstd, columns});
   for_each_index(s.C, layernorm_backward_parameters{dweight, dbias, parts, columns});
@@ -712,17 +720,21 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   device_detail::layernorm_forward(s, raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd), residual, ln_f_weight, ln_f_bias,
                                    BT);
   s.matmul.forward(raw(s.logits), raw(s.lnf), wte, nullptr, BT, C, s.Vp);
-  const device_kernels::row_segments segments = s.softmax_segments();
+  float* row_sum = s.head_row_sums();
+  using namespace device_kernels;
+#if defined(__CUDACC__)
+  for_each_row(BT, softmax_lanes{raw(s.logits), row_sum, s.V, s.Vp});
+#else
+  const row_segments segments = s.softmax_segments();
   const std::size_t parts = BT * segments.per_row();
   float* maxima = s.scratch.row_parts;
   float* sums = s.scratch.row_parts + parts;
   float* row_max = s.scratch.row_stats;
-  float* row_sum = s.head_row_sums();
-  using namespace device_kernels;
   device_detail::for_each_index(parts, softmax_segment_max{maxima, raw(s.logits), segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
   device_detail::for_each_index(parts, softmax_segment_exp{raw(s.logits), sums, row_max, segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_sum{row_sum, sums, segments});
+#endif
   device_detail::for_each_index(BT, crossentropy_forward{raw(s.losses), raw(s.logits), row_sum, d_targets, s.Vp});
   s.host_losses.resize(BT);
   thrust::copy_n(thrust::device_pointer_cast(raw(s.losses)), BT, s.host_losses.begin());

@@ -46,6 +46,8 @@ struct host_lanes {
     }
     return v[0];
   }
+  /// Whether this lane writes the row's single results (the emulation runs a row once).
+  static bool leader() { return true; }
   static float sum(const values& v) { return butterfly(v, [](float a, float b) { return a + b; }); }
   static float max(const values& v) { return butterfly(v, [](float a, float b) { return fmaxf(a, b); }); }
 };
@@ -65,6 +67,7 @@ struct device_lanes {
   GPT2_HOST_DEVICE void for_each(index n, F&& f) const {
     for (index i = lane; i < n; i += width) f(i);
   }
+  GPT2_HOST_DEVICE bool leader() const { return lane == 0; }
   GPT2_HOST_DEVICE static float sum(float v) {
 #if defined(__CUDA_ARCH__)
     for (unsigned offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
