@@ -45,7 +45,27 @@ using nvme_engine = transfer_engine<cuda_backend, nvme_tier, cuda_pinned_host_ti
 static_assert(backend<cuda_backend>);
 static_assert(pinned_engine::staged == false && nvme_engine::staged == true);
 
+// Keeps one GPU thread busy for about `cycles` clock cycles.
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 }  // namespace
+
+TEST_CASE("an event query that finds work unfinished leaves no error for the next kernel launch's check") {
+  // cudaEventQuery's cudaErrorNotReady is also the thread's last error: uncleared, the next launch checked with
+  // cudaGetLastError (cuda_adam's, the trainer's row kernels') would fail with it.
+  cuda_backend backend;
+  spin<<<1, 1, 0, backend.compute()>>>(4'000'000'000LL);  // about 2 s at 2 GHz
+  const auto event = backend.record(backend.compute());
+  CHECK_FALSE(backend.ready(event));
+  spin<<<1, 1, 0, backend.compute()>>>(1);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  backend.wait(event);
+  CHECK(backend.ready(event));
+}
 
 TEST_CASE("CUDA tiers round-trip random bytes through device memory bit-exactly") {
   cuda_backend backend;

@@ -84,7 +84,7 @@ class cuda_backend {
   bool ready(const cuda_event& event) const {
     if (!event) return true;
     const cudaError_t status = cudaEventQuery(event.get());
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) return cuda_not_ready();
     if (status != cudaSuccess) throw_call_failure(cuda_code(status), "cudaEventQuery", "cuda backend", __FILE__, __LINE__);
     return true;
   }

@@ -107,7 +107,7 @@ class nccl_comm {
       check_launched("test");
       if (!event_) return true;
       const cudaError_t state = cudaEventQuery(event_->get());
-      if (state == cudaErrorNotReady) return false;
+      if (state == cudaErrorNotReady) return cuda_not_ready();
       CHUNKWISE_CUDA_TRY(state, std::string("nccl_comm"));
       return true;
     }

@@ -54,6 +54,13 @@ inline call_code nccl_code(ncclResult_t result) {
 
 }  // namespace chunkwise
 
+/// An event or stream query's "not yet" (false): cudaErrorNotReady is also left as the thread's last error, which the
+/// next kernel launch's check (cudaGetLastError) would report as its own failure; cleared here, as PyTorch does.
+inline bool cuda_not_ready() noexcept {
+  (void)cudaGetLastError();
+  return false;
+}
+
 /// A CUDA runtime call; `context` names what it was for (a tier, a chunk).
 #define CHUNKWISE_CUDA_TRY(call, context)                                                                        \
   do {                                                                                                           \

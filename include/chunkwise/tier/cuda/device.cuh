@@ -56,6 +56,7 @@ class cuda_device_tier {
     const cudaError_t status = cudaMallocFromPoolAsync(&memory, bytes, pool_, stream);
     if (status != cudaSuccess) {
       budget_.release(bytes);
+      (void)cudaGetLastError();  // a caller that makes room and retries must not see it again at its next launch
       throw_call_failure(cuda_code(status), "cudaMallocFromPoolAsync", "CUDA device tier: " + format_bytes(bytes) + " with " + format_bytes(budget_.in_use()) +
                              " of a " + format_bytes(budget_.capacity()) + " budget in use", __FILE__, __LINE__);
     }
