@@ -41,6 +41,76 @@ stamp() { echo "[$(( $(date +%s) - started )) s] $*"; }
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
+# The summary (its last line the issue's) from the logs so far; runs not made yet print as nan.
+summarize() {
+  python3 - "$logs" "$peak" "${BF16_PEAK_FLOPS:-790e12}" > "$logs/summary.txt" 2>&1 <<'PY'
+import re, sys
+logs, peak, bf16_peak = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+def read(name):
+    try: return open(f"{logs}/{name}").read()
+    except OSError: return ""
+def loss_at(text, step):
+    m = re.search(rf"step +{step}/\d+ +loss ([0-9.]+)", text)
+    return float(m.group(1)) if m else float("nan")
+def median_ms(text):
+    m = re.search(r"median step ([0-9.]+) ms", text)
+    return float(m.group(1)) if m else float("nan")
+cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
+mirror, bf16 = read("train_cuda_mirror.log"), read("train_cuda_bf16.log")
+fp16, host_fp16 = read("train_cuda_fp16.log"), read("train_host_fp16.log")
+def flops_of(text):
+    m = re.search(r"([0-9.]+) GFLOP per step", text)
+    return float(m.group(1)) * 1e9 if m else float("nan")
+flops = flops_of(cuda)
+tokens = 4 * 256
+host_loss = loss_at(host, 4)
+diffs = [abs(loss_at(t, 4) - host_loss) / host_loss for t in (cuda, streamed)]
+print(f"loss at step 4: host {host_loss:.6f}, cuda {loss_at(cuda, 4):.6f}, cuda streamed {loss_at(streamed, 4):.6f}, "
+      f"cuda with host chunks {loss_at(mirror, 4):.6f}")
+print(f"chunks in GPU memory: median step {median_ms(cuda):.1f} ms; host chunks and a device mirror: "
+      f"{median_ms(mirror):.1f} ms")
+step = median_ms(cuda) * 1e-3
+tps = tokens / step
+streamed_tps = tokens / (median_ms(streamed) * 1e-3)
+def torch_tps(mode):
+    m = re.search(rf"torch {mode} tokens_per_s=([0-9.]+)", torch)
+    return float(m.group(1)) if m else float("nan")
+print(f"cuda: median step {step*1e3:.1f} ms, {tps:.0f} tokens/s, {flops/step/1e12:.3f} TFLOP/s; streamed "
+      f"{streamed_tps:.0f} tokens/s; host median step {median_ms(host):.0f} ms; torch plain {torch_tps('plain'):.0f}, "
+      f"fsdp_offload {torch_tps('fsdp_offload'):.0f} tokens/s")
+bf16_step = median_ms(bf16) * 1e-3
+print(f"bf16 (chunks and tensor-core products): median step {bf16_step*1e3:.1f} ms, {tokens/bf16_step:.0f} tokens/s, "
+      f"mfu {flops/bf16_step/bf16_peak:.4f} of the bf16 dense peak; loss at step 4 {loss_at(bf16, 4):.6f}")
+print(f"fp16 (chunks, loss scaling): loss at step 4 {loss_at(fp16, 4):.6f}, host {loss_at(host_fp16, 4):.6f}; "
+      f"median step {median_ms(fp16):.1f} ms")
+print(f"fp32: mfu {flops/step/peak:.4f} of the fp32 peak, speedup vs torch plain {tps/torch_tps('plain'):.3f}")
+wide, torch_wide = read("train_cuda_bf16_wide.log"), read("torch_wide.log")
+wide_step = median_ms(wide) * 1e-3
+wide_tps = 32 * 256 / wide_step
+wide_mfu = flops_of(wide) / wide_step / bf16_peak
+m = re.search(r"torch plain tokens_per_s=([0-9.]+)", torch_wide)
+torch_wide_tps = float(m.group(1)) if m else float("nan")
+print(f"throughput shape (bf16, batch 32, context 256): median step {wide_step*1e3:.1f} ms, {wide_tps:.0f} tokens/s, "
+      f"mfu {wide_mfu:.4f} of the bf16 dense peak; torch bf16 autocast {torch_wide_tps:.0f} tokens/s")
+print(f"device mfu={wide_mfu:.4f} tokens_per_s={wide_tps:.0f} speedup_vs_torch={wide_tps/torch_wide_tps:.3f} "
+      f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
+PY
+}
+# What comes back from $out (at most 8 files): the summary, the tests' verdicts and logs, the runs' logs, the build's.
+publish() {
+  summarize
+  cp "$logs/summary.txt" "$out/"
+  [ -f "$logs/tests.txt" ] && cp "$logs/tests.txt" "$out/"
+  for f in "$logs"/chunkwise_cuda_*.log "$logs"/memcheck_*.log "$logs/gpt2_device_host.log"; do
+    [ -f "$f" ] && { echo "== $f"; cat "$f"; }
+  done > "$out/tests.log"
+  for f in "$logs"/train_*.log "$logs/torch.log" "$logs/torch_wide.log"; do
+    [ -f "$f" ] && { echo "== $f"; cat "$f"; }
+  done > "$out/runs.log"
+  [ -f "$logs/build.log" ] && tail -c 200000 "$logs/build.log" > "$out/build.log"
+  return 0
+}
+
 prefix=/tmp/chunkwise-prefix
 mkdir -p "$prefix"
 if compgen -G '.device-debs/*.deb' > /dev/null; then
@@ -95,17 +165,36 @@ else
     { grep -B2 -A12 -m3 'error' "$logs/build.log" | head -80; cp "$logs/build.log" "$out/"; exit 1; }
 fi
 
-# Plain runs first (the quick verdict), memcheck last and only while the deadline allows (one device call).
+# Plain runs first (the quick verdict), memcheck last and only while the deadline allows (one device call). Every
+# run's timeout is its own cap or what is left before END_S (530 s after the start, inside the call's 540), whichever
+# is less, and what has been measured goes to $out after every stage (publish): a call stopped at its limit still
+# brings back all it measured.
 deadline=$(( started + ${DEADLINE_S:-500} ))
+end=$(( started + ${END_S:-530} ))
+# seconds a step may take: its cap, or what is left before the end (less a margin to publish); 0 when too little is
+left_for() {
+  local left=$(( end - $(date +%s) - 10 ))
+  (( left > $1 )) && left=$1
+  (( left < 15 )) && left=0
+  echo $left
+}
+# bounded CAP command...: the command under `timeout` for left_for CAP seconds; rc 124 at once where none are left
+# (timeout 0 would mean no limit)
+bounded() {
+  local limit; limit=$(left_for "$1"); shift
+  if (( limit == 0 )); then echo "skipped: past the end (END_S)"; return 124; fi
+  timeout "$limit" "$@"
+}
 stamp "CUDA tests"
 for test in $targets; do
-  timeout 90 "$bin/tests/cuda/$test" > "$logs/$test.log" 2>&1; rc=$?
+  bounded 90 "$bin/tests/cuda/$test" > "$logs/$test.log" 2>&1; rc=$?
   case $rc in 0) echo "PASS $test" ;; 77) echo "SKIP $test (no usable GPU)" ;;
               *) echo "FAIL $test (rc $rc)"; tail -25 "$logs/$test.log" ;; esac
 done | tee "$logs/tests.txt"
-if OMP_NUM_THREADS=8 timeout 120 $bin/tests/chunkwise_gpt2_device_test > "$logs/gpt2_device_host.log" 2>&1
+if bounded 120 env OMP_NUM_THREADS=8 $bin/tests/chunkwise_gpt2_device_test > "$logs/gpt2_device_host.log" 2>&1
 then echo "PASS chunkwise_gpt2_device_test (host OpenMP)"; else echo "FAIL chunkwise_gpt2_device_test (host)";
   tail -20 "$logs/gpt2_device_host.log"; fi | tee -a "$logs/tests.txt"
+publish
 
 shape=(--layers 12 --channels 768 --heads 12 --vocab 50257 --context 256 --batch 4 --eval-every 1000
        --measure-cache /tmp/chunkwise-measure)
@@ -113,8 +202,9 @@ trainer=$bin/examples/train_gpt2/train_gpt2
 run_trainer() {  # name, flags...
   local name=$1; shift
   stamp "train_gpt2 $name: $*"
-  OMP_NUM_THREADS="$(nproc)" timeout 200 "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
+  bounded 200 env OMP_NUM_THREADS="$(nproc)" "$trainer" "${shape[@]}" "$@" > "$logs/train_$name.log" 2>&1 ||
     { echo "train_gpt2 $name failed (rc $?)"; tail -30 "$logs/train_$name.log"; }
+  publish
   # the plan and its inputs (the GPU's profile as measured, the budget, what the passes hold beside it), the steps
   local shown='^(measure: |device budget|training state|plan|chosen|backend|compute|step +[0-9]+/|timing|done'
   grep -E "$shown|device passes)" "$logs/train_$name.log" | head -50
@@ -141,83 +231,31 @@ run_trainer host --backend host --steps 4 --device-budget 0
 
 if [ -z "${SKIP_TORCH:-}" ]; then  # SKIP_TORCH=1: a call that measures only ours (the speedups print as nan)
   stamp "PyTorch at the same shape"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
+  bounded 300 env PYTHONUNBUFFERED=1 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
     --vocab 50257 --context 256 --batch 4 --steps 8 > "$logs/torch.log" 2>&1 || tail -30 "$logs/torch.log"
   grep '^torch' "$logs/torch.log"
-  PYTHONUNBUFFERED=1 timeout 200 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
+  bounded 200 env PYTHONUNBUFFERED=1 python3 bench/device/torch_gpt2.py --layers 12 --channels 768 --heads 12 \
     --vocab 50257 --context 256 --batch 32 --steps 6 --dtype bf16 --modes plain > "$logs/torch_wide.log" 2>&1 ||
     tail -30 "$logs/torch_wide.log"
   sed 's/^torch plain/torch bf16 wide/' "$logs/torch_wide.log" | grep '^torch'
+  publish
 fi
 
 stamp "CUDA tests under compute-sanitizer memcheck (until the deadline)"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-memcheck_tests=${MEMCHECK_TESTS-chunkwise_cuda_gpt2_device_test $targets}
+# the trainer's passes first; each test once
+memcheck_tests=${MEMCHECK_TESTS-$(echo chunkwise_cuda_gpt2_device_test $targets | tr ' ' '\n' |
+                                  awk 'NF && !seen[$0]++')}
 [ -n "${QUICK:-}" ] && memcheck_tests=${MEMCHECK_TESTS-}
 for test in $memcheck_tests; do
-  left=$(( deadline - $(date +%s) ))
+  left=$(( deadline - $(date +%s) )); (( left > $(left_for 600) )) && left=$(left_for 600)
   if (( left < 20 )); then echo "SKIP $test (memcheck: past the deadline)"; continue; fi
   if timeout "$left" "$sanitizer" --tool memcheck --leak-check no --report-api-errors no --error-exitcode 9 \
       "$bin/tests/cuda/$test" \
       > "$logs/memcheck_$test.log" 2>&1; then echo "PASS $test (memcheck)"
   else echo "FAIL $test (memcheck, rc $?)"; tail -25 "$logs/memcheck_$test.log"; fi
-done | awk '!seen[$0]++' | tee -a "$logs/tests.txt"
-
-python3 - "$logs" "$peak" "${BF16_PEAK_FLOPS:-790e12}" <<'PY' | tee "$logs/summary.txt"
-import re, sys
-logs, peak, bf16_peak = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-def read(name):
-    try: return open(f"{logs}/{name}").read()
-    except OSError: return ""
-def loss_at(text, step):
-    m = re.search(rf"step +{step}/\d+ +loss ([0-9.]+)", text)
-    return float(m.group(1)) if m else float("nan")
-def median_ms(text):
-    m = re.search(r"median step ([0-9.]+) ms", text)
-    return float(m.group(1)) if m else float("nan")
-cuda, streamed, host, torch = read("train_cuda.log"), read("train_cuda_streamed.log"), read("train_host.log"), read("torch.log")
-mirror, bf16 = read("train_cuda_mirror.log"), read("train_cuda_bf16.log")
-fp16, host_fp16 = read("train_cuda_fp16.log"), read("train_host_fp16.log")
-def flops_of(text):
-    m = re.search(r"([0-9.]+) GFLOP per step", text)
-    return float(m.group(1)) * 1e9 if m else float("nan")
-flops = flops_of(cuda)
-tokens = 4 * 256
-host_loss = loss_at(host, 4)
-diffs = [abs(loss_at(t, 4) - host_loss) / host_loss for t in (cuda, streamed)]
-print(f"loss at step 4: host {host_loss:.6f}, cuda {loss_at(cuda, 4):.6f}, cuda streamed {loss_at(streamed, 4):.6f}, "
-      f"cuda with host chunks {loss_at(mirror, 4):.6f}")
-print(f"chunks in GPU memory: median step {median_ms(cuda):.1f} ms; host chunks and a device mirror: "
-      f"{median_ms(mirror):.1f} ms")
-step = median_ms(cuda) * 1e-3
-tps = tokens / step
-streamed_tps = tokens / (median_ms(streamed) * 1e-3)
-def torch_tps(mode):
-    m = re.search(rf"torch {mode} tokens_per_s=([0-9.]+)", torch)
-    return float(m.group(1)) if m else float("nan")
-print(f"cuda: median step {step*1e3:.1f} ms, {tps:.0f} tokens/s, {flops/step/1e12:.3f} TFLOP/s; streamed "
-      f"{streamed_tps:.0f} tokens/s; host median step {median_ms(host):.0f} ms; torch plain {torch_tps('plain'):.0f}, "
-      f"fsdp_offload {torch_tps('fsdp_offload'):.0f} tokens/s")
-bf16_step = median_ms(bf16) * 1e-3
-print(f"bf16 (chunks and tensor-core products): median step {bf16_step*1e3:.1f} ms, {tokens/bf16_step:.0f} tokens/s, "
-      f"mfu {flops/bf16_step/bf16_peak:.4f} of the bf16 dense peak; loss at step 4 {loss_at(bf16, 4):.6f}")
-print(f"fp16 (chunks, loss scaling): loss at step 4 {loss_at(fp16, 4):.6f}, host {loss_at(host_fp16, 4):.6f}; "
-      f"median step {median_ms(fp16):.1f} ms")
-print(f"fp32: mfu {flops/step/peak:.4f} of the fp32 peak, speedup vs torch plain {tps/torch_tps('plain'):.3f}")
-wide, torch_wide = read("train_cuda_bf16_wide.log"), read("torch_wide.log")
-wide_step = median_ms(wide) * 1e-3
-wide_tps = 32 * 256 / wide_step
-wide_mfu = flops_of(wide) / wide_step / bf16_peak
-m = re.search(r"torch plain tokens_per_s=([0-9.]+)", torch_wide)
-torch_wide_tps = float(m.group(1)) if m else float("nan")
-print(f"throughput shape (bf16, batch 32, context 256): median step {wide_step*1e3:.1f} ms, {wide_tps:.0f} tokens/s, "
-      f"mfu {wide_mfu:.4f} of the bf16 dense peak; torch bf16 autocast {torch_wide_tps:.0f} tokens/s")
-print(f"device mfu={wide_mfu:.4f} tokens_per_s={wide_tps:.0f} speedup_vs_torch={wide_tps/torch_wide_tps:.3f} "
-      f"speedup_vs_fsdp_offload={streamed_tps/torch_tps('fsdp_offload'):.3f} loss_rel_diff={max(diffs):.2e}")
-PY
-# at most 8 files come back
-cp "$logs/summary.txt" "$logs/tests.txt" "$out/" 2>/dev/null
-for f in "$logs"/chunkwise_cuda_*.log "$logs"/memcheck_*.log "$logs/gpt2_device_host.log"; do echo "== $f"; cat "$f"; done > "$out/tests.log"
-for f in "$logs"/train_*.log "$logs/torch.log" "$logs/torch_wide.log"; do echo "== $f"; cat "$f"; done > "$out/runs.log"
-[ -f "$logs/build.log" ] && tail -c 200000 "$logs/build.log" > "$out/build.log"
+done | tee -a "$logs/tests.txt"
+publish
+cat "$logs/summary.txt"
 stamp "done"
+
