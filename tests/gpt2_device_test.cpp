@@ -333,6 +333,26 @@ TEST_CASE("the embedding's backward on the device adds each token's positions in
   CHECK(dwpe == cpu_wpe);
 }
 
+TEST_CASE("the device executor leaves the gradients on the device where its sink says so (the device chunks' rate)") {
+  // measure_device_pass_flops for passes on device chunks: nothing copied down, the host's gradients untouched.
+  const auto config = gpt2_device_cases::small_config();
+  std::vector<int> tokens, targets;
+  gpt2_device_cases::batch_of(config, 0, tokens, targets);
+  for (const auto sink : {gpt2::gradient_sink::host, gpt2::gradient_sink::device}) {
+    gpt2::reference_trainer trainer(config, 3);
+    trainer.zero_gradients();
+    gpt2::device_workspace workspace(config);
+    gpt2::trainer_tensors host{&trainer};
+    gpt2::device_executor run(host, workspace, config, sink);
+    gpt2::forward(run, config, tokens.data(), targets.data());
+    gpt2::backward(run, config, tokens.data(), targets.data());
+    const auto dwpe = trainer.gradient(gpt2::wpe_index);
+    const bool touched = std::any_of(dwpe.begin(), dwpe.end(), [](float g) { return g != 0.0f; });
+    CHECK(touched == (sink == gpt2::gradient_sink::host));
+  }
+  CHECK(gpt2::measure_device_pass_flops(config, false, gpt2::gradient_sink::device, 1) > 0);
+}
+
 TEST_CASE("the host's lanes add in the butterfly's order, as a warp's shuffles do") {
   // Lane 0 holds 1e8, lane 16 -1e8, the others 1: the butterfly's first step cancels the pair (lanes 0 and 16), so
   // the ones all count (30); the row's order adds them to 1e8 first, where they round away (15).

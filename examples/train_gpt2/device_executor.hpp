@@ -62,13 +62,19 @@ struct trainer_tensors {
   [[nodiscard]] std::uint64_t version() const { return trainer->steps(); }
 };
 
+/// Where a device_executor's backward passes leave their gradients: added into the host tensors' (the mirror's way),
+/// or in the workspace's staging on the device, as passes on device chunks leave theirs in the chunks (what the rate
+/// of such passes is measured with).
+enum class gradient_sink { host, device };
+
 /// HostTensors: around_pass(body), parameter(t), gradient(t) (float*, tensor t in parameter_tensors order) and
 /// version() (changes whenever the parameters do).
 template <class HostTensors>
 class device_executor {
  public:
-  device_executor(HostTensors& host, device_workspace& workspace, const model_config& config)
-      : host_(&host), workspace_(&workspace) {
+  device_executor(HostTensors& host, device_workspace& workspace, const model_config& config,
+                  gradient_sink sink = gradient_sink::host)
+      : host_(&host), workspace_(&workspace), sink_(sink) {
     for (const auto& tensor : parameter_tensors(config)) elements_.push_back(tensor.elements);
     parameters_.assign(elements_.size(), nullptr);
     gradients_.assign(elements_.size(), nullptr);
@@ -85,7 +91,7 @@ class device_executor {
         offset += elements_[t];
       }
       body(*this);
-      if (!backward) return;
+      if (!backward || sink_ == gradient_sink::device) return;
       offset = 0;
       for (const auto t : info.tensors) {
         workspace_->add_gradient_to(host_->gradient(t), offset, elements_[t]);
@@ -101,6 +107,7 @@ class device_executor {
  private:
   HostTensors* host_;
   device_workspace* workspace_;
+  gradient_sink sink_;
   std::vector<std::size_t> elements_;
   std::vector<float*> parameters_, gradients_;
 };
@@ -184,16 +191,19 @@ class device_chunk_executor {
   std::vector<float*> parameters_, gradients_;
 };
 
-/// The FLOP/s the device passes reach, their staging copies included: the compute rate the planner charges for
-/// train_gpt2 --backend cuda. As measure_pass_flops (chunked_trainer.hpp) on the CPU: the model cut to as many layers
-/// as fit 1 GiB of training state, one warm-up, then the median of `iterations` forward and backward passes.
-inline double measure_device_pass_flops(model_config config, bool bf16_products = false, int iterations = 5) {
+/// The FLOP/s the device passes reach: the compute rate the planner charges for train_gpt2 --backend cuda. `sink`:
+/// gradient_sink::host for passes on host chunks (each backward pass's gradients copied down and added there, as the
+/// mirror does), gradient_sink::device for passes on device chunks (none copied). As measure_pass_flops
+/// (chunked_trainer.hpp) on the CPU: the model cut to as many layers as fit 1 GiB of training state, one warm-up,
+/// then the median of `iterations` forward and backward passes.
+inline double measure_device_pass_flops(model_config config, bool bf16_products, gradient_sink sink,
+                                        int iterations = 5) {
   const std::size_t layer_state_bytes = 16 * 12 * config.channels * config.channels;  // fp32 p, g, m, v per layer
   config.layers = std::clamp<std::size_t>((std::size_t{1} << 30) / layer_state_bytes, 1, config.layers);
   reference_trainer trainer(config, 1);
   device_workspace workspace(config, bf16_products);
   trainer_tensors host{&trainer};
-  device_executor run(host, workspace, config);
+  device_executor run(host, workspace, config, sink);
   std::vector<int> tokens(config.batch * config.context), targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int>((i * 7) % config.vocab);

@@ -42,7 +42,8 @@ struct device_present {
     const cudaError_t status = cudaGetDeviceCount(&devices);
     if (status != cudaSuccess || devices == 0)
       chunkwise::throw_error(chunkwise::error_code::unsupported,
-                             std::string("train_gpt2 --backend cuda: no usable GPU (") + cudaGetErrorName(status) +
+                             std::string("train_gpt2 --backend cuda: no usable GPU (") +
+                                 (status != cudaSuccess ? cudaGetErrorName(status) : "no CUDA device visible") +
                                  "); use --backend host, or run where a GPU is visible");
   }
 };

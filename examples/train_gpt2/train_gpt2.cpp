@@ -941,16 +941,20 @@ calibration calibrate_passes(const options& o, const std::filesystem::path& cach
   const int computing = o.backend == "cuda" || (o.comm != "threads" && gpt2::bound_by_launcher()) ? 1 : o.ranks_here;
   const auto* engine = gpt2::installed_matmul_engine();
   char key[512];
-  std::snprintf(key, sizeof key, "train_gpt2 passes: backend %s, matmul %s, %s, %zu layers, %zu channels, %zu heads, "
+  const bool device_chunks = runs_on_device_chunks(o);
+  std::snprintf(key, sizeof key, "train_gpt2 passes: backend %s%s, matmul %s, %s, %zu layers, %zu channels, %zu heads, "
                 "%zu vocabulary rows, context %zu, batch %zu, recompute %s, %d rank(s) computing at once, build %s",
-                o.backend.c_str(), engine != nullptr ? engine->name : "loops", std::string(to_string(o.type)).c_str(),
+                o.backend.c_str(), o.backend != "cuda" ? "" : device_chunks ? " (device chunks)" : " (host chunks)",
+                engine != nullptr ? engine->name : "loops", std::string(to_string(o.type)).c_str(),
                 o.model.layers, o.model.channels, o.model.heads, o.model.vocab_rows(), o.model.context, o.model.batch,
                 o.model.recompute ? "on" : "off", computing, program_build_stamp().c_str());
   rate_cache_options options;
   options.measure_again = o.recalibrate;
   return {measure_or_load_rate(cache, key, [&] {
 #if CHUNKWISE_GPT2_CUDA
-    if (o.backend == "cuda") return gpt2::measure_device_pass_flops(o.model, o.type == dtype::bf16);
+    if (o.backend == "cuda")  // passes on device chunks compute their gradients there; on host chunks, copied down
+      return gpt2::measure_device_pass_flops(o.model, o.type == dtype::bf16,
+                                             device_chunks ? gpt2::gradient_sink::device : gpt2::gradient_sink::host);
 #endif
     return gpt2::measure_pass_flops(o.model, computing, o.type);
   }, options)};
@@ -1236,5 +1240,7 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {  // what the checks above did not foresee: still a message, never an abort
     return fail("train_gpt2: out of memory: an allocation failed (this shape, rank count or plan needs more memory "
                 "than the machine has; try a shorter --context, a smaller --batch or fewer --ranks)");
+  } catch (const std::exception& e) {  // a library's own error (Thrust's on a failed kernel): its text, exit 2
+    return fail((std::string("train_gpt2: ") + e.what()).c_str());
   }
 }
