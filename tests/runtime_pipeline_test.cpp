@@ -547,6 +547,7 @@ enum class kernels : std::uint8_t {
   before_release,  // on the trainer's thread, before release(pass)
   trainer_stream,  // on a stream of the trainer's, 30 ms after release(pass, computed) has returned
   default_stream,  // on the device's default stream (the backend's compute stream), held shut through backward
+  default_stream_plain_release,  // as default_stream, each pass ended by release(pass), given no event
 };
 
 // The device's default stream held shut until open(), or until 5 s have passed (then `timed_out`).
@@ -590,16 +591,17 @@ std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_
   runtime_options options;
   // Streamed: 2 blocks for the 4 chunks, so a released block is refilled while the pass's kernels may be queued.
   options.device_blocks = Plan::placement::uses_device_cache ? std::optional<std::size_t>(2) : std::nullopt;
+  const bool on_default_stream = where == kernels::default_stream || where == kernels::default_stream_plain_release;
   std::optional<isolated_default_stream::queued> queued_default;
-  if (where == kernels::default_stream) queued_default.emplace();
+  if (on_default_stream) queued_default.emplace();
   runtime<Plan, isolated_backend, isolated_comm> rt(model, comm, toy::initialize, options);
   host_backend trainer;  // its h2d stream is the trainer's own stream
-  host_stream& stream = where == kernels::default_stream ? isolated_default_stream::get() : trainer.h2d();
+  host_stream& stream = on_default_stream ? isolated_default_stream::get() : trainer.h2d();
   for (int step = 1; step <= 2; ++step) {
     std::optional<held_stream> held;
     for (std::size_t pass = 0; pass < model.passes.size(); ++pass) {
       const bool backward = model.passes[pass].kind == pass_kind::backward;
-      if (backward && where == kernels::default_stream && !held) held.emplace();
+      if (backward && on_default_stream && !held) held.emplace();
       rt.acquire(pass);
       if (!backward) {
         rt.release(pass);
@@ -623,7 +625,10 @@ std::vector<std::vector<float>> train_with_kernels(kernels where, bool* trainer_
         continue;
       }
       stream.enqueue(kernel);
-      rt.release(pass, trainer.record(stream));
+      if (where == kernels::default_stream_plain_release)
+        rt.release(pass);
+      else
+        rt.release(pass, trainer.record(stream));
     }
     if (held) {
       held->open();
@@ -649,6 +654,20 @@ TEST_CASE("a pass released while its kernels are still queued hands its chunks o
   const auto streamed_in_order = train_with_kernels<streamed>(kernels::before_release);
   CHECK(train_with_kernels<streamed>(kernels::trainer_stream) == streamed_in_order);
   CHECK(streamed_in_order == offloaded_in_order);  // the same maths whatever the plan
+}
+
+TEST_CASE("a plain release(pass) hands its chunks on after the kernels queued on the backend's compute stream") {
+  // A trainer that launches its kernels on the default stream and ends each pass with release(pass), no event: the
+  // runtime records one on the backend's compute stream itself, so the streamed block is refilled and the gradients
+  // copied down after the kernels, as with release(pass, computed). Without it the stream, held shut through
+  // backward, would run the kernels on a block already refilled with another chunk.
+  using offloaded = on_toy<plan<toy_layout, resident, shard_grads, optimizer_offload<space::pinned_host>>>;
+  using streamed = plan<toy_layout, cached<space::pinned_host>, sharded, optimizer_follows_home>;
+  const auto in_order = train_with_kernels<offloaded>(kernels::before_release);
+  bool waited = false;
+  CHECK(train_with_kernels<streamed>(kernels::default_stream_plain_release, &waited) == in_order);
+  CHECK(train_with_kernels<offloaded>(kernels::default_stream_plain_release, &waited) == in_order);
+  CHECK_FALSE(waited);
 }
 
 TEST_CASE("the overlapped updates' worker thread makes the backend's device current before its device updates") {

@@ -101,25 +101,16 @@ class runtime {
     fetches_.prefetch(pass + 1, reduced_sink());
   }
 
+  /// Ends a pass. Where the chunks are device memory, the copies that refill or write back its chunks' blocks wait
+  /// for the work queued on the backend's compute stream before this call (on a GPU, the legacy default stream,
+  /// which is ordered after every blocking stream): kernels on a non-blocking stream need release(pass, computed).
   void release(std::size_t pass) {
-    detail::check_pass(model_, pass, "release");
-    const bool backward = model_.passes[pass].kind == pass_kind::backward;
-    for (const auto c : pass_chunks_[pass]) {
-      auto& b = chunks_[c];
-      const bool gradients_complete = gradients_.completes_at_release(b, pass, backward);
-      b.life.release(gradients_complete);
-      if (gradients_complete) {
-        start_reduction(b);
-      } else if (b.life.state() == chunk_state::ready &&
-                 (homes_.streamed(c) ||
-                  (collective::shards_parameters && (!backward || !gradients_.used_later_in_backward(b, pass))))) {
-        // Unless the next pass uses it too, a streamed chunk gives its cache block back, and ZeRO-3 drops the
-        // gathered copy after forward (backward gathers again) and after a micro-batch's last backward use.
-        fetches_.drop_unless_used(b, pass + 1);
-      }
-      reduce_if_handed_over(b);
+    if constexpr (!chunks_on_host) {
+      const auto computed = backend_.record(backend_.compute());
+      release(pass, computed);
+    } else {
+      release_chunks(pass);
     }
-    progress();
   }
 
   /// release(pass) for a trainer whose kernels on the pass's chunks may still be queued (a GPU's): `computed`
@@ -128,7 +119,7 @@ class runtime {
   void release(std::size_t pass, const typename Backend::event_type& computed) {
     backend_.wait_on(backend_.h2d(), computed);
     backend_.wait_on(backend_.d2h(), computed);
-    release(pass);
+    release_chunks(pass);
   }
 
   /// Explicit hand-over (runtime_options::handover = explicit_calls): tensor t's gradient is complete for this
@@ -242,6 +233,26 @@ class runtime {
   [[nodiscard]] chunk_statistics statistics() const { return detail::total_statistics<Comm>(chunks_); }
 
  private:
+  void release_chunks(std::size_t pass) {
+    detail::check_pass(model_, pass, "release");
+    const bool backward = model_.passes[pass].kind == pass_kind::backward;
+    for (const auto c : pass_chunks_[pass]) {
+      auto& b = chunks_[c];
+      const bool gradients_complete = gradients_.completes_at_release(b, pass, backward);
+      b.life.release(gradients_complete);
+      if (gradients_complete) {
+        start_reduction(b);
+      } else if (b.life.state() == chunk_state::ready &&
+                 (homes_.streamed(c) ||
+                  (collective::shards_parameters && (!backward || !gradients_.used_later_in_backward(b, pass))))) {
+        // Unless the next pass uses it too, a streamed chunk gives its cache block back, and ZeRO-3 drops the
+        // gathered copy after forward (backward gathers again) and after a micro-batch's last backward use.
+        fetches_.drop_unless_used(b, pass + 1);
+      }
+      reduce_if_handed_over(b);
+    }
+    progress();
+  }
   void start_reduction(record& b) { gradients_.start(b, reduced_sink()); fetches_.drop(b); }
   void reduce_if_handed_over(record& b) {
     if (!gradients_.handed_over(b)) return;
