@@ -133,7 +133,7 @@ inline void check_softmax_rows() {
 inline void check_row_kernels() {
   using namespace gpt2::device_kernels;
   using index = gpt2::device_kernels::index;  // not POSIX's index()
-  const index rows = 7, C = 100, V = 600, Vp = 640;
+  const index rows = 37, C = 100, V = 600, Vp = 640;  // 5 blocks of 8 warps, the last partly idle
   std::vector<float> x(rows * C), dout(rows * C), weight(C), bias(C), dinp(rows * C), logits(rows * Vp);
   const auto fill = [](std::vector<float>& v, float step, float scale, float offset) {
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * step) * scale + offset;

@@ -472,7 +472,8 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   device_kernels::row_segments layernorm_segments() const { return device_detail::layernorm_segments(C); }
   device_kernels::row_segments softmax_segments() const { return device_detail::softmax_segments(V); }
   /// The head's softmax sums, one per row: head_forward leaves them for head_backward (the passes between use no
-  /// row statistics; layer norm's backward takes row_stats only after the head's backward has read them).
+  /// row statistics; the host build's layer norm backward takes row_stats only after the head's backward has read
+  /// them, the GPU's warp kernels none).
   float* head_row_sums() { return scratch.row_stats + B * T; }
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};

@@ -61,6 +61,7 @@ TEST_CASE("an event query that finds work unfinished leaves no error for the nex
   spin<<<1, 1, 0, backend.compute()>>>(4'000'000'000LL);  // about 2 s at 2 GHz
   const auto event = backend.record(backend.compute());
   CHECK_FALSE(backend.ready(event));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
   spin<<<1, 1, 0, backend.compute()>>>(1);
   CHECK(cudaGetLastError() == cudaSuccess);
   backend.wait(event);

@@ -55,9 +55,10 @@ inline call_code nccl_code(ncclResult_t result) {
 }  // namespace chunkwise
 
 /// An event or stream query's "not yet" (false): cudaErrorNotReady is also left as the thread's last error, which the
-/// next kernel launch's check (cudaGetLastError) would report as its own failure; cleared here, as PyTorch does.
+/// next kernel launch's check (cudaGetLastError) would report as its own failure; cleared here, as PyTorch does (and
+/// only that: another error left there is the next check's to report).
 inline bool cuda_not_ready() noexcept {
-  (void)cudaGetLastError();
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
   return false;
 }
 
