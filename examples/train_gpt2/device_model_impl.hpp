@@ -43,7 +43,7 @@ struct device_present {
     if (status != cudaSuccess || devices == 0)
       chunkwise::throw_error(chunkwise::error_code::unsupported,
                              std::string("train_gpt2 --backend cuda: no usable GPU (") +
-                                 (status != cudaSuccess ? cudaGetErrorName(status) : "no CUDA device visible") +
+                                 (status != cudaSuccess ? cudaGetErrorName(status) : "cudaErrorNoDevice") +
                                  "); use --backend host, or run where a GPU is visible");
   }
 };
