@@ -270,6 +270,10 @@ TEST_CASE("a TCP rendezvous hands rank 0's bytes to every rank, or names the ran
     }
   });
   for (int r = 1; r < 4; ++r) CHECK(seen[static_cast<std::size_t>(r)] == id);
+  // "localhost" is the loopback address without the resolver (a root without /etc/hosts resolves none); other names
+  // go to the resolver as given.
+  CHECK(detail::loopback_if_localhost("LocalHost.") == "127.0.0.1");
+  CHECK(detail::loopback_if_localhost("localhost.example") == "localhost.example");
   // Rank 0 alone: ranks 1 and 2 never come.
   const int lonely = free_port();
   CHECK_THROWS_WITH_AS(serve_bootstrap_tcp(lonely, id, 3, 100ms),

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -168,6 +169,16 @@ inline void serve_bootstrap_tcp(int port, std::span<const std::byte> payload, in
   }
 }
 
+namespace detail {
+/// "localhost" (any case, with or without the root's dot) as the loopback address, without the resolver: RFC 6761
+/// asks resolvers to answer so, yet one without /etc/hosts (a container's or a chroot's minimal root) does not.
+inline std::string loopback_if_localhost(const std::string& address) {
+  std::string name = address;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name == "localhost" || name == "localhost." ? "127.0.0.1" : address;
+}
+}  // namespace detail
+
 /// Ranks 1 to size - 1: connects to rank 0 at address:port, retrying every `retry` until `timeout` (rank 0 may not
 /// listen yet), and returns its `bytes` bytes. Throws comm_error naming the address after the timeout, or when the
 /// peer is not a chunkwise rank 0 or sends another number of bytes.
@@ -183,7 +194,8 @@ inline std::vector<std::byte> fetch_bootstrap_tcp(const std::string& address, in
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    const int resolved = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found);
+    const int resolved =
+        ::getaddrinfo(detail::loopback_if_localhost(address).c_str(), std::to_string(port).c_str(), &hints, &found);
     if (resolved != 0)
       detail::raise(error_code::comm_error,
                     "bootstrap_tcp: cannot resolve MASTER_ADDR '" + address + "': " + ::gai_strerror(resolved));
