@@ -353,6 +353,35 @@ TEST_CASE("the device executor leaves the gradients on the device where its sink
   CHECK(gpt2::measure_device_pass_flops(config, false, gpt2::gradient_sink::device, 1) > 0);
 }
 
+TEST_CASE("a product's bias added by the pass after it gives add_bias's bits (the GPU's projections and MLP)") {
+  // The GPU's products leave their bias out; residual_bias_forward and bias_gelu_forward add it where they read the
+  // product: the same two roundings as add_bias and then the residual or GELU. The host build's products add their
+  // own (null bias here), which the whole-model tests cover.
+  using namespace gpt2::device_kernels;
+  using index = gpt2::device_kernels::index;  // not POSIX's index()
+  const index rows = 9, OC = 37, n = rows * OC;
+  std::vector<float> product(n), residual(n), bias(OC);
+  for (index i = 0; i < n; ++i) {
+    product[i] = std::sin(static_cast<float>(i) * 0.71f) * 3.0f;
+    residual[i] = std::cos(static_cast<float>(i) * 0.23f) * 1e3f;
+  }
+  for (index o = 0; o < OC; ++o) bias[o] = 0.1f * static_cast<float>(o) - 1.7f;
+  auto biased = product;
+  for (index i = 0; i < n; ++i) add_bias{biased.data(), bias.data(), OC}(i);
+  std::vector<float> expected(n), got(n), staged_gelu(n), fused_gelu(n), pre = product;
+  for (index i = 0; i < n; ++i) {
+    expected[i] = residual[i] + biased[i];
+    residual_bias_forward{got.data(), residual.data(), product.data(), bias.data(), OC}(i);
+    staged_gelu[i] = gelu(biased[i]);
+    bias_gelu_forward{fused_gelu.data(), pre.data(), bias.data(), OC}(i);
+  }
+  CHECK(got == expected);
+  CHECK(fused_gelu == staged_gelu);
+  CHECK(pre == biased);  // the pre-activation backward reads
+  for (index i = 0; i < n; ++i) residual_bias_forward{got.data(), residual.data(), biased.data(), nullptr, OC}(i);
+  CHECK(got == expected);  // null: the product added its bias itself
+}
+
 TEST_CASE("the host's lanes add in the butterfly's order, as a warp's shuffles do") {
   // Lane 0 holds 1e8, lane 16 -1e8, the others 1: the butterfly's first step cancels the pair (lanes 0 and 16), so
   // the ones all count (30); the row's order adds them to 1e8 first, where they round away (15).

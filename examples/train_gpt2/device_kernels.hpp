@@ -723,14 +723,28 @@ struct attention_backward_keys_values {
 };
 
 // GELU, tanh approximation; i over the elements.
-struct gelu_forward {
+GPT2_HOST_DEVICE inline float gelu(float x) {
+  const float cube = 0.044715f * x * x * x;
+  const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);  // as the CPU loop rounds it
+  return 0.5f * x * (1.0f + gelu_math::tanh_approx(gelu_scaling * (x + cube)));
+}
+
+// The GPU's products leave out their bias (cuBLAS adds none), and it is added where their output is read next rather
+// than in a pass of its own (add_bias): one read and one write of the output fewer, the same roundings, so the same
+// bits. Null bias: the product added its own (the CPU loops'). The MLP's first product: pre += bias, then out = GELU
+// of it (pre keeps the pre-activation that backward reads).
+struct bias_gelu_forward {
   float* out;
-  const float* inp;
+  float* pre;
+  const float* bias;
+  index OC;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const float x = inp[i];
-    const float cube = 0.044715f * x * x * x;
-    const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);  // as the CPU loop rounds it
-    out[i] = 0.5f * x * (1.0f + gelu_math::tanh_approx(gelu_scaling * (x + cube)));
+    float x = pre[i];
+    if (bias != nullptr) {
+      x += bias[i % OC];
+      pre[i] = x;
+    }
+    out[i] = gelu(x);
   }
 };
 
@@ -750,11 +764,17 @@ struct gelu_backward {
   }
 };
 
-struct residual_forward {
+// The residual after a projection (attention's, the MLP's second): out = inp1 + (product + bias), the product's bias
+// added here as in bias_gelu_forward (null: the product added it); the product's own output is not read again.
+struct residual_bias_forward {
   float* out;
   const float* inp1;
-  const float* inp2;
-  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = inp1[i] + inp2[i]; }
+  const float* product;
+  const float* bias;
+  index OC;
+  GPT2_HOST_DEVICE void operator()(index i) const {
+    out[i] = inp1[i] + (bias != nullptr ? product[i] + bias[i % OC] : product[i]);
+  }
 };
 
 struct residual_backward {

@@ -182,6 +182,14 @@ class matmul_context {
 };
 #endif
 
+// Whether the GPU's products leave their bias to the pass after them (cuBLAS adds none; added there, it costs no
+// pass of its own); the CPU loops' products add it themselves.
+#if defined(__CUDACC__)
+inline constexpr bool bias_after_product = true;
+#else
+inline constexpr bool bias_after_product = false;
+#endif
+
 using buffer = thrust::device_vector<float>;
 
 /// Pageable host memory <-> device, through two page-locked halves: the CPU fills (or drains) one half while the GPU
@@ -703,13 +711,17 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   device_detail::layernorm_forward(s, ln1, ln1_mean, ln1_rstd, residual, p[ln_1_weight], p[ln_1_bias], BT);
   s.matmul.forward(qkv, ln1, p[attn_c_attn_weight], p[attn_c_attn_bias], BT, C, 3 * C);
   device_detail::attention_forward(s, attention_geometry{T, C, NH}, atty, att, qkv);
-  s.matmul.forward(attproj, atty, p[attn_c_proj_weight], p[attn_c_proj_bias], BT, C, C);
-  for_each_index(BTC, device_kernels::residual_forward{residual2, residual, attproj});
+  // On the GPU the products leave their bias to the pass that reads their output next (bias_gelu_forward); the CPU
+  // loops' products add it in their loops, and those passes then add none.
+  const auto in_product = [](const float* bias) { return device_detail::bias_after_product ? nullptr : bias; };
+  const auto after_product = [](const float* bias) { return device_detail::bias_after_product ? bias : nullptr; };
+  s.matmul.forward(attproj, atty, p[attn_c_proj_weight], in_product(p[attn_c_proj_bias]), BT, C, C);
+  for_each_index(BTC, residual_bias_forward{residual2, residual, attproj, after_product(p[attn_c_proj_bias]), C});
   device_detail::layernorm_forward(s, ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], BT);
-  s.matmul.forward(fch, ln2, p[mlp_c_fc_weight], p[mlp_c_fc_bias], BT, C, 4 * C);
-  for_each_index(BTC * 4, device_kernels::gelu_forward{fch_gelu, fch});
-  s.matmul.forward(fcproj, fch_gelu, p[mlp_c_proj_weight], p[mlp_c_proj_bias], BT, 4 * C, C);
-  for_each_index(BTC, device_kernels::residual_forward{residual3, residual2, fcproj});
+  s.matmul.forward(fch, ln2, p[mlp_c_fc_weight], in_product(p[mlp_c_fc_bias]), BT, C, 4 * C);
+  for_each_index(BTC * 4, bias_gelu_forward{fch_gelu, fch, after_product(p[mlp_c_fc_bias]), 4 * C});
+  s.matmul.forward(fcproj, fch_gelu, p[mlp_c_proj_weight], in_product(p[mlp_c_proj_bias]), BT, 4 * C, C);
+  for_each_index(BTC, residual_bias_forward{residual3, residual2, fcproj, after_product(p[mlp_c_proj_bias]), C});
 }
 
 float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float* wte, const int* targets,
