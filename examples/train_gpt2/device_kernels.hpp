@@ -120,16 +120,22 @@ inline auto device_policy() {
 #endif
 }
 
-/// f(i) for every i in [0, n) on the device system, in stream order after earlier work.
-template <class Functor>
-void for_each_index(index n, const Functor& f) {
-  if (n == 0) return;
-  const auto run = [&] { thrust::for_each_n(device_policy(), thrust::counting_iterator<index>(0), n, f); };
+/// run(), a launch of Functor's kernel, timed under Functor's name where kernel_times is enabled (the name, a
+/// demangled string, is made only then).
+template <class Functor, class Run>
+void timed_launch(Run&& run) {
   auto& times = kernel_times::instance();
   if (times.enabled())
     times.time(kernel_name<Functor>(), run);
   else
     run();
+}
+
+/// f(i) for every i in [0, n) on the device system, in stream order after earlier work.
+template <class Functor>
+void for_each_index(index n, const Functor& f) {
+  if (n == 0) return;
+  timed_launch<Functor>([&] { thrust::for_each_n(device_policy(), thrust::counting_iterator<index>(0), n, f); });
 }
 
 #if defined(__CUDACC__)
@@ -145,15 +151,10 @@ void for_each_row(index rows, const RowOp& op) {
   if (rows == 0) return;
   constexpr unsigned block = 256;  // 8 rows a block
   const index blocks = (rows * warp_lanes::width + block - 1) / block;
-  const auto run = [&] {
+  timed_launch<RowOp>([&] {
     rows_by_warps<<<static_cast<unsigned>(blocks), block>>>(op, rows);
     CHUNKWISE_CUDA_TRY(cudaGetLastError(), "GPT-2 device passes: " + kernel_name<RowOp>());
-  };
-  auto& times = kernel_times::instance();
-  if (times.enabled())
-    times.time(kernel_name<RowOp>(), run);
-  else
-    run();
+  });
 }
 #else
 /// The host system's for_each_row: the kernel's host twin, each row's 32 lanes emulated (warp_lanes::host_lanes).
