@@ -146,13 +146,14 @@ inline void check_row_kernels() {
   fill(logits, 0.011f, 9.0f, 1.0f);
   const auto device = [](const std::vector<float>& v) { return thrust::device_vector<float>(v.begin(), v.end()); };
   const auto raw = [](thrust::device_vector<float>& v) { return thrust::raw_pointer_cast(v.data()); };
+  // The input's gradient is written over what dinp held (x here) as base (the residual stream's gradient) plus its own.
   auto d_x = device(x), d_dout = device(dout), d_weight = device(weight), d_bias = device(bias),
-       d_dinp = device(dinp), d_logits = device(logits);
+       d_base = device(dinp), d_dinp = device(x), d_logits = device(logits);
   thrust::device_vector<float> d_out(rows * C), d_mean(rows), d_rstd(rows), d_sum(rows);
   for_each_row(rows, layernorm_forward_lanes{raw(d_out), raw(d_mean), raw(d_rstd), raw(d_x), raw(d_weight),
                                              raw(d_bias), C});
-  for_each_row(rows, layernorm_backward_input_lanes{raw(d_dinp), raw(d_dout), raw(d_x), raw(d_weight), raw(d_mean),
-                                                    raw(d_rstd), C});
+  for_each_row(rows, layernorm_backward_input_lanes{raw(d_dinp), raw(d_base), raw(d_dout), raw(d_x), raw(d_weight),
+                                                    raw(d_mean), raw(d_rstd), C});
   for_each_row(rows, softmax_lanes{raw(d_logits), raw(d_sum), V, Vp});
 
   // The CPU order's stages, on the host.
@@ -170,8 +171,8 @@ inline void check_row_kernels() {
   each(rows * norm_segments.per_row(), layernorm_backward_partials{parts.data(), dout.data(), x.data(), weight.data(),
                                                                    mean.data(), rstd.data(), norm_segments, rows});
   each(rows, layernorm_backward_means{means.data(), parts.data(), norm_segments, rows});
-  each(rows * C, layernorm_backward_input{dinp.data(), dout.data(), x.data(), weight.data(), mean.data(), rstd.data(),
-                                          means.data(), rows, C});
+  each(rows * C, layernorm_backward_input{dinp.data(), dinp.data(), dout.data(), x.data(), weight.data(), mean.data(),
+                                          rstd.data(), means.data(), rows, C});  // in place
   const row_segments vocab_segments{V, gpt2::kernels::softmax_segment};
   std::vector<float> maxima(rows * vocab_segments.per_row()), row_max(rows), sums(maxima.size());
   each(maxima.size(), softmax_segment_max{maxima.data(), logits.data(), vocab_segments, Vp});

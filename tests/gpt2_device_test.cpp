@@ -468,7 +468,7 @@ TEST_CASE("attention's batched products (the GPU's cuBLAS calls) compute the per
 
   // The GPU's datt is not zeroed first: the product overwrites it whole, and the softmax's backward writes the
   // scores' gradients over it, zeros past t, which the products below then read over whole rows.
-  std::vector<float> datt(blocks, 0.0f), datt_products(blocks, 1e3f);
+  std::vector<float> datt(blocks, -1e3f), datt_products(blocks, 1e3f);
   for_all(blocks, attention_backward_weights{datt.data(), dout.data(), qkv.data(), g});
   products::reference_gemm(products::attention_weights_backward(g, dout.data(), qkv.data(), datt_products.data(), B));
   close(datt_products, datt, causal);
@@ -482,7 +482,8 @@ TEST_CASE("attention's batched products (the GPU's cuBLAS calls) compute the per
   const auto& dpreatt = datt;
   const auto& dpreatt_products = datt_products;
 
-  std::vector<float> dqkv = dqkv_start, dqkv_products = dqkv_start;  // both add to what is there
+  // Both write dqkv whole: the stages and the products start from different values there, and agree.
+  std::vector<float> dqkv = dqkv_start, dqkv_products(dqkv_start.size(), 1e3f);
   for_all(channels, attention_backward_queries{dqkv.data(), dpreatt.data(), qkv.data(), g});
   for_all(channels,
           attention_backward_keys_values{dqkv.data(), dpreatt.data(), att.data(), dout.data(), qkv.data(), g});

@@ -114,12 +114,12 @@ int main(int argc, char** argv) {
       for_each_index(BT * norm.per_row(), layernorm_backward_partials{raw(parts), raw(dout), raw(x), raw(weight),
                                                                       raw(mean), raw(rstd), norm, BT});
       for_each_index(BT, layernorm_backward_means{raw(means), raw(parts), norm, BT});
-      for_each_index(BT * C, layernorm_backward_input{raw(dinp), raw(dout), raw(x), raw(weight), raw(mean), raw(rstd),
-                                                      raw(means), BT, C});
+      for_each_index(BT * C, layernorm_backward_input{raw(dinp), raw(dinp), raw(dout), raw(x), raw(weight),
+                                                      raw(mean), raw(rstd), raw(means), BT, C});
     };
     report("layer norm backward (input)", median_ms(staged_backward), median_ms([&] {
-             for_each_row(BT, layernorm_backward_input_lanes{raw(dinp), raw(dout), raw(x), raw(weight), raw(mean),
-                                                             raw(rstd), C});
+             for_each_row(BT, layernorm_backward_input_lanes{raw(dinp), raw(dinp), raw(dout), raw(x),
+                                                             raw(weight), raw(mean), raw(rstd), C});
            }),
            4.0 * BT * C * 4);
     x = thrust::device_vector<float>();  // the logits need the room more

@@ -11,8 +11,8 @@
 // Every product covers whole (T, T) blocks, the causal mask's upper triangle too (half the arithmetic, which the
 // products' speed repays): scores and datt there are never read (the softmax and its backward read t2 <= t), and
 // att and dpreatt there are zeros (attention_softmax and attention_backward_softmax write them, in place over the
-// scores and datt), so the products that read them add nothing for masked positions. The scores and datt are
-// written whole: none of the (T, T) blocks needs zeroing first.
+// scores and datt), so the products that read them add nothing for masked positions. Every product writes its
+// output whole (the scores, datt, and each third of dqkv): nothing needs zeroing first.
 #include "device_kernels.hpp"
 
 #include <vector>
@@ -113,34 +113,34 @@ inline strided_gemm attention_weights_backward(const attention_geometry& g, cons
 }
 
 namespace detail {
-// The scores' backward into part 0 (the queries: dQ += scale K . dpreatt^T) or part 1 (the keys: dK += scale
-// Q . dpreatt), from the other part's values.
+// The scores' backward into part 0 (the queries: dQ = scale K . dpreatt^T) or part 1 (the keys: dK = scale
+// Q . dpreatt), from the other part's values; overwrites (dpreatt is 0 past t, so every product is whole).
 inline strided_gemm scores_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
                                     index B, index part) {
   auto p = heads(g, B, g.hs(), g.T, g.T);
-  p.transpose_b = part == 1, p.alpha = g.scale(), p.beta = 1.0f;
+  p.transpose_b = part == 1, p.alpha = g.scale();
   p.a = qkv_heads(g, qkv, 1 - part), p.b = score_blocks(g, dpreatt), p.c = qkv_heads(g, dqkv, part);
   return p;
 }
 }  // namespace detail
 
-/// Backward: dq(t) += scale * sum over t2 of dpreatt[b, h, t, t2] * k(t2).
+/// Backward: dq(t) = scale * sum over t2 of dpreatt[b, h, t, t2] * k(t2).
 inline strided_gemm queries_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
                                      index B) {
   return detail::scores_backward(g, dpreatt, qkv, dqkv, B, 0);
 }
 
-/// Backward: dk(t2) += scale * sum over t of dpreatt[b, h, t, t2] * q(t).
+/// Backward: dk(t2) = scale * sum over t of dpreatt[b, h, t, t2] * q(t).
 inline strided_gemm keys_backward(const attention_geometry& g, const float* dpreatt, const float* qkv, float* dqkv,
                                   index B) {
   return detail::scores_backward(g, dpreatt, qkv, dqkv, B, 1);
 }
 
-/// Backward: dv(t2) += sum over t of att[b, h, t, t2] * dout(t). Column-major: dV += dout . att.
+/// Backward: dv(t2) = sum over t of att[b, h, t, t2] * dout(t). Column-major: dV = dout . att.
 inline strided_gemm values_backward(const attention_geometry& g, const float* att, const float* dout, float* dqkv,
                                     index B) {
   auto p = detail::heads(g, B, g.hs(), g.T, g.T);
-  p.transpose_b = true, p.beta = 1.0f;
+  p.transpose_b = true;
   p.a = detail::channel_heads(g, dout), p.b = detail::score_blocks(g, att), p.c = detail::qkv_heads(g, dqkv, 2);
   return p;
 }

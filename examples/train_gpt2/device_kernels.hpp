@@ -418,9 +418,11 @@ struct layernorm_backward_means {
   }
 };
 
-// Stage 3, one element per index: dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd.
+// Stage 3, one element per index: dinp = base + (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, base
+// the residual stream's gradient so far (dinp itself: in place; null: 0, as the CPU loop adds to zeroed memory).
 struct layernorm_backward_input {
   float* dinp;
+  const float* base;
   const float* dout;
   const float* inp;
   const float* weight;
@@ -431,13 +433,16 @@ struct layernorm_backward_input {
   GPT2_HOST_DEVICE void operator()(index i) const {
     const index row = i / C, c = i % C;
     const float norm = (inp[i] - mean[row]) * rstd[row];
-    dinp[i] += (weight[c] * dout[i] - means[row] - norm * means[rows + row]) * rstd[row];
+    dinp[i] = (base != nullptr ? base[i] : 0.0f) + (weight[c] * dout[i] - means[row] - norm * means[rows + row]) *
+                                                       rstd[row];
   }
 };
 
-// The input's gradient on the GPU, one warp per row: stages 1 to 3 in one kernel (as layernorm_forward_lanes).
+// The input's gradient on the GPU, one warp per row: stages 1 to 3 in one kernel (as layernorm_forward_lanes); base
+// as layernorm_backward_input's.
 struct layernorm_backward_input_lanes {
   float* dinp;
+  const float* base;
   const float* dout;
   const float* inp;
   const float* weight;
@@ -456,7 +461,8 @@ struct layernorm_backward_input_lanes {
     })) / n;
     lanes.for_each(C, [&](index c) {
       const float norm = (x[c] - m) * r;
-      dinp[row * C + c] += (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * r;
+      const index i = row * C + c;
+      dinp[i] = (base != nullptr ? base[i] : 0.0f) + (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * r;
     });
   }
 };
@@ -628,7 +634,8 @@ struct attention_values {
   }
 };
 
-// Backward 1: datt[row, t2] += v(t2) . dout(t), one (row, t2 <= t) per index.
+// Backward 1: datt[row, t2] = v(t2) . dout(t), one (row, t2 <= t) per index; past t left as it is (the softmax's
+// backward writes zeros there).
 struct attention_backward_weights {
   float* datt;
   const float* dout;
@@ -639,7 +646,7 @@ struct attention_backward_weights {
     if (t2 > t) return;
     const float* value = qkv + g.at(b, t2, h, 2);
     const float* d = dout + (b * g.T + t) * g.C + h * g.hs();
-    float sum = datt[i];
+    float sum = 0;
     for (index k = 0; k < g.hs(); ++k) sum += value[k] * d[k];
     datt[i] = sum;
   }
@@ -678,8 +685,8 @@ struct attention_backward_softmax_lanes {
   }
 };
 
-// Backward 3: the query's gradient, dq(t)[k] += sum over t2 <= t of k(t2)[k] * dpreatt[row, t2] * scale; one
-// element (b, t, h, k) per index.
+// Backward 3: the query's gradient, dq(t)[k] = sum over t2 <= t of k(t2)[k] * dpreatt[row, t2] * scale; one
+// element (b, t, h, k) per index. Backward 3 and 4 write dqkv whole, as the GPU's products (attention_products.hpp).
 struct attention_backward_queries {
   float* dqkv;
   const float* dpreatt;
@@ -690,7 +697,7 @@ struct attention_backward_queries {
     const float* dp = dpreatt + ((b * g.NH + h) * g.T + t) * g.T;
     const float* key = qkv + g.at(b, 0, h, 1) + k;
     float* dquery = dqkv + g.at(b, t, h, 0) + k;
-    float sum = *dquery;
+    float sum = 0;
     for (index t2 = 0; t2 <= t; ++t2) sum += key[t2 * 3 * g.C] * (dp[t2] * g.scale());
     *dquery = sum;
   }
@@ -712,7 +719,7 @@ struct attention_backward_keys_values {
     const float* d = dout + b * g.T * g.C + h * g.hs() + k;
     float* dkey = dqkv + g.at(b, t2, h, 1) + k;
     float* dvalue = dqkv + g.at(b, t2, h, 2) + k;
-    float dk = *dkey, dv = *dvalue;
+    float dk = 0, dv = 0;
     for (index t = t2; t < g.T; ++t) {
       const index at = (rows + t) * g.T + t2;
       dv += att[at] * d[t * g.C];
@@ -761,7 +768,7 @@ struct gelu_backward {
     const float sech2 = 1.0f - tanh_out * tanh_out;
     const float local_grad =
         0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * gelu_scaling * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += local_grad * dout[i];
+    dinp[i] = local_grad * dout[i];  // written, not added: the CPU loop adds it to zeroed memory
   }
 };
 
@@ -775,16 +782,6 @@ struct residual_bias_forward {
   index OC;
   GPT2_HOST_DEVICE void operator()(index i) const {
     out[i] = inp1[i] + (bias != nullptr ? product[i] + bias[i % OC] : product[i]);
-  }
-};
-
-struct residual_backward {
-  float* dinp1;
-  float* dinp2;
-  const float* dout;
-  GPT2_HOST_DEVICE void operator()(index i) const {
-    dinp1[i] += dout[i];
-    dinp2[i] += dout[i];
   }
 };
 
