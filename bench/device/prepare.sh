@@ -25,11 +25,11 @@ rm -rf .device-debs && mkdir -p .device-debs
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHUNKWISE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCHUNKWISE_BUILD_BENCH=OFF -DCHUNKWISE_MPI=OFF -DCHUNKWISE_URING=OFF -DCHUNKWISE_DNNL_LIBRARY=OFF > /dev/null
 tests=$(ninja -C "$build" -t targets all | grep -o '^chunkwise_cuda_[a-z0-9_]*_test' | grep -v header_check | sort -u)
-ninja -C "$build" train_gpt2 gpt2_row_kernels_bench chunkwise_gpt2_device_test $tests
+ninja -C "$build" train_gpt2 gpt2_row_kernels_bench gpt2_products_bench chunkwise_gpt2_device_test $tests
 
 rm -rf .device-carry && mkdir -p .device-carry/examples/train_gpt2 .device-carry/tests/cuda .device-carry/lib
 cp "$build/examples/train_gpt2/train_gpt2" "$build/examples/train_gpt2/gpt2_row_kernels_bench" \
-  .device-carry/examples/train_gpt2/
+  "$build/examples/train_gpt2/gpt2_products_bench" .device-carry/examples/train_gpt2/
 cp "$build/tests/chunkwise_gpt2_device_test" .device-carry/tests/
 for test in $tests; do cp "$build/tests/cuda/$test" .device-carry/tests/cuda/; done
 # The libraries outside the C runtime and the CUDA toolkit (the image has both; NCCL comes from its PyTorch).

@@ -5,19 +5,19 @@
 // each operation must move at least (every array read and written once) over that time.
 // Usage: gpt2_row_kernels_bench [--batch B] [--context T]   (bench/device/run.sh runs it; exit 77 without a GPU)
 #include "device_kernels.hpp"
+#include "event_timing.cuh"
 
 #include <thrust/device_vector.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
 namespace {
 
 using namespace gpt2::device_kernels;
 using index = gpt2::device_kernels::index;
+using device_bench::median_ms;
 
 // values[i] = sin(i * step) * scale: the same inputs for both forms, in range for exp.
 struct fill_values {
@@ -32,29 +32,6 @@ void fill(thrust::device_vector<float>& v, float step, float scale) {
   for_each_index(v.size(), fill_values{raw(v), step, scale});
 }
 
-// Median milliseconds of `work` on the default stream.
-template <class Work>
-double median_ms(Work&& work) {
-  for (int i = 0; i < 3; ++i) work();
-  cudaEvent_t start, stop;
-  CHUNKWISE_CUDA_TRY(cudaEventCreate(&start), std::string("row kernels bench"));
-  CHUNKWISE_CUDA_TRY(cudaEventCreate(&stop), std::string("row kernels bench"));
-  std::vector<double> times;
-  for (int i = 0; i < 20; ++i) {
-    CHUNKWISE_CUDA_TRY(cudaEventRecord(start, nullptr), std::string("row kernels bench"));
-    work();
-    CHUNKWISE_CUDA_TRY(cudaEventRecord(stop, nullptr), std::string("row kernels bench"));
-    CHUNKWISE_CUDA_TRY(cudaEventSynchronize(stop), std::string("row kernels bench"));
-    float ms = 0;
-    CHUNKWISE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop), std::string("row kernels bench"));
-    times.push_back(ms);
-  }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 void report(const char* what, double staged_ms, double warp_ms, double bytes) {
   std::printf("row kernels: %-34s staged %8.3f ms, warp %8.3f ms: %5.2fx; at least %7.1f MB, warp %6.0f GB/s\n", what,
               staged_ms, warp_ms, staged_ms / warp_ms, bytes / 1e6, bytes / (warp_ms * 1e-3) / 1e9);
@@ -63,11 +40,7 @@ void report(const char* what, double staged_ms, double warp_ms, double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
-    std::printf("gpt2_row_kernels_bench: no usable GPU (%s)\n", cudaGetErrorName(status));
-    return 77;
-  }
+  if (device_bench::no_usable_gpu("gpt2_row_kernels_bench")) return 77;
   std::size_t B = 32, T = 256;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];

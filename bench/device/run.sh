@@ -8,7 +8,8 @@
 #      GPT2LMHeadModel with fused AdamW, and FSDP with CPU offload), in this one run: fp32 at that shape (and FSDP
 #      with CPU offload against the streamed run), and bf16 at the throughput shape, batch 32 at context 256.
 #   3. the row kernels (one warp per row) against the staged functors they replaced, side by side on the GPU
-#      (gpt2_row_kernels_bench, bench/device/row_kernels.cu).
+#      (gpt2_row_kernels_bench, bench/device/row_kernels.cu), and the products four ways: fp32, cuBLAS's fast bf16 on
+#      fp32 operands (--dtype bf16 now), bf16 operands, and bf16 operands rounded first (gpt2_products_bench).
 # Last line: device mfu=M tokens_per_s=T speedup_vs_torch=A speedup_vs_fsdp_offload=B loss_rel_diff=D
 # mfu, tokens_per_s and speedup_vs_torch: --dtype bf16 (bf16 tensor-core products) at the throughput shape against
 # the bf16 dense peak (790e12, BF16_PEAK_FLOPS) and PyTorch's bf16 autocast there; speedup_vs_fsdp_offload: the
@@ -163,7 +164,8 @@ else
   # QUICK=1: the trainer's passes only (their test, the runs, PyTorch), for a short device call
   [ -n "${QUICK:-}" ] && targets=chunkwise_cuda_gpt2_device_test
   stamp "build train_gpt2 chunkwise_gpt2_device_test $targets"
-  ninja -C build/device -j"$(nproc)" train_gpt2 gpt2_row_kernels_bench chunkwise_gpt2_device_test $targets \
+  ninja -C build/device -j"$(nproc)" train_gpt2 gpt2_row_kernels_bench gpt2_products_bench chunkwise_gpt2_device_test \
+    $targets \
     > "$logs/build.log" 2>&1 ||
     { grep -B2 -A12 -m3 'error' "$logs/build.log" | head -80; cp "$logs/build.log" "$out/"; exit 1; }
 fi
@@ -204,6 +206,11 @@ stamp "row kernels, side by side"
 bounded 60 "$bin/examples/train_gpt2/gpt2_row_kernels_bench" > "$logs/train_row_kernels.log" 2>&1 ||
   echo "gpt2_row_kernels_bench failed (rc $?)"
 grep '^row kernels' "$logs/train_row_kernels.log"
+# The products four ways (fp32, cuBLAS's fast bf16 on fp32 operands, bf16 operands, bf16 rounded first)
+stamp "products, four ways"
+bounded 60 "$bin/examples/train_gpt2/gpt2_products_bench" > "$logs/train_products.log" 2>&1 ||
+  echo "gpt2_products_bench failed (rc $?)"
+grep '^products' "$logs/train_products.log"
 
 shape=(--layers 12 --channels 768 --heads 12 --vocab 50257 --context 256 --batch 4 --eval-every 1000
        --measure-cache /tmp/chunkwise-measure)
