@@ -3,18 +3,22 @@
 #include "gpu_test_main.hpp"
 
 #include <chunkwise/backend/cuda/backend.cuh>
+#include <chunkwise/core/cuda/host_wait.cuh>
 #include <chunkwise/placement/device_cache.hpp>
 #include <chunkwise/tier/cuda/device.cuh>
 #include <chunkwise/tier/cuda/pinned_host.cuh>
 #include <chunkwise/tier/nvme.hpp>
 #include <chunkwise/tier/transfer_engine.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace chunkwise;
@@ -52,7 +56,41 @@ __global__ void spin(long long cycles) {
   }
 }
 
+// Seconds of CPU the calling thread has used.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+// `wait` behind about a second of GPU work: the wall time it took and the CPU time the thread spent in it.
+template <class Wait>
+std::pair<double, double> wall_and_cpu_seconds(Wait&& wait) {
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu = thread_cpu_seconds();
+  wait();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          thread_cpu_seconds() - cpu};
+}
+
 }  // namespace
+
+TEST_CASE("a host thread waiting for the GPU sleeps rather than spins (backend events, host_wait_event)") {
+  // CUDA's default wait spins a core; the runtime's waiters share the cores with the CPU Adam's threads.
+  cuda_backend backend;
+  spin<<<1, 1, 0, backend.compute()>>>(2'000'000'000LL);  // about 1 s at 2 GHz
+  const auto event = backend.record(backend.compute());
+  const auto [wall, cpu] = wall_and_cpu_seconds([&] { backend.wait(event); });
+  MESSAGE("backend.wait: " << wall << " s, of which " << cpu << " s on the CPU");
+  CHECK(wall > 0.2);
+  CHECK(cpu < 0.25 * wall);
+  host_wait_event done("test");
+  spin<<<1, 1, 0, backend.compute()>>>(2'000'000'000LL);
+  const auto [stream_wall, stream_cpu] = wall_and_cpu_seconds([&] { done.wait_for_stream(backend.compute(), "test"); });
+  MESSAGE("host_wait_event::wait_for_stream: " << stream_wall << " s, of which " << stream_cpu << " s on the CPU");
+  CHECK(stream_wall > 0.2);
+  CHECK(stream_cpu < 0.25 * stream_wall);
+  CHECK(cudaStreamQuery(backend.compute()) == cudaSuccess);
+}
 
 TEST_CASE("an event query that finds work unfinished leaves no error for the next kernel launch's check") {
   // cudaEventQuery's cudaErrorNotReady is also the thread's last error: uncleared, the next launch checked with

@@ -1,9 +1,11 @@
 #pragma once
 // The CUDA backend: dedicated non-blocking host-to-device and device-to-host streams, copies with cudaMemcpyAsync,
-// completions as cudaEvent_t (timing disabled). Models the same `backend` concept as the host backend.
+// completions as cudaEvent_t (timing disabled; a host thread waiting for one sleeps: host_wait.cuh). Models the same
+// `backend` concept as the host backend.
 #include <chunkwise/backend/concepts.hpp>
 #include <chunkwise/core/cuda/checked_call.cuh>
 #include <chunkwise/core/cuda/current_device.cuh>
+#include <chunkwise/core/cuda/host_wait.cuh>
 #include <chunkwise/core/bytes.hpp>
 
 #include <cuda_runtime.h>
@@ -33,7 +35,7 @@ class cuda_event {
 /// caller in an error.
 inline cuda_event record_cuda_event(cudaStream_t stream, const std::string& context) {
   cudaEvent_t event = nullptr;
-  CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), context);
+  CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, host_waited_event_flags), context);
   cuda_event owned(event);
   CHUNKWISE_CUDA_TRY(cudaEventRecord(event, stream), context);
   return owned;

@@ -25,6 +25,7 @@
 #include <chunkwise/comm/concepts.hpp>
 #include <chunkwise/comm/detail/reduce.hpp>
 #include <chunkwise/core/cuda/checked_call.cuh>
+#include <chunkwise/core/cuda/host_wait.cuh>
 #include <chunkwise/core/error.hpp>
 
 #include <cuda_runtime.h>
@@ -51,10 +52,13 @@ constexpr ncclDataType_t nccl_type() noexcept {
   else return ncclFloat16;
 }
 
-/// A CUDA event without timing, recorded on the communicator's stream after an operation (or a group).
+/// A CUDA event without timing, recorded on the communicator's stream after an operation (or a group); a rank
+/// waiting for it sleeps (host_wait.cuh).
 class comm_event {
  public:
-  comm_event() { CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), std::string("nccl_comm")); }
+  comm_event() {
+    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event_, host_waited_event_flags), std::string("nccl_comm"));
+  }
   comm_event(const comm_event&) = delete;
   comm_event& operator=(const comm_event&) = delete;
   ~comm_event() { cudaEventDestroy(event_); }

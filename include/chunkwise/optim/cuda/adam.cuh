@@ -15,6 +15,7 @@
 #if CHUNKWISE_HAS_CUDA
 
 #include <chunkwise/core/cuda/checked_call.cuh>
+#include <chunkwise/core/cuda/host_wait.cuh>
 #include <chunkwise/core/dtype.hpp>
 #include <chunkwise/core/error.hpp>
 #include <chunkwise/optim/concepts.hpp>
@@ -396,7 +397,7 @@ class cuda_adam {
     CHUNKWISE_CUDA_TRY(cudaMemcpyAsync(host_state_, state_, sizeof(detail::cuda_kernels::device_state),
                                              cudaMemcpyDeviceToHost, stream_),
                              "cuda_adam::read_report");
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), "cuda_adam::read_report");
+    done_.wait_for_stream(stream_, "cuda_adam::read_report");
     step_report report;
     report.skipped = host_state_->skipped != 0;
     report.grad_norm = host_state_->grad_norm;
@@ -419,8 +420,9 @@ class cuda_adam {
     cudaFreeHost(host_state_);
   }
 
-  // Runs `queue` (work on the stream reading or writing the pinned host table and state), then waits for the stream,
-  // also when `queue` throws: the host copies are free for the next call's writes once this returns.
+  // Runs `queue` (work on the stream reading or writing the pinned host table and state), then waits for the stream
+  // (asleep: the runtime's optimizer thread calls this beside the CPU Adam's threads), also when `queue` throws: the
+  // host copies are free for the next call's writes once this returns.
   template <class Queue>
   void synchronized_after(const char* context, Queue&& queue) {
     try {
@@ -429,7 +431,7 @@ class cuda_adam {
       (void)cudaStreamSynchronize(stream_);
       throw;
     }
-    CHUNKWISE_CUDA_TRY(cudaStreamSynchronize(stream_), context);
+    done_.wait_for_stream(stream_, context);
   }
 
   // The host-driven calls would overwrite the bound chunk table and device state (step count, loss scale).
@@ -508,6 +510,7 @@ class cuda_adam {
   unsigned long long schedule_length_ = 0;
   detail::cuda_kernels::device_settings settings_{};
   bool bound_ = false;
+  host_wait_event done_{"cuda_adam constructor (event)"};
 };
 
 static_assert(chunk_optimizer<cuda_adam>);
