@@ -127,14 +127,17 @@ inline void check_softmax_rows() {
   CHECK(masked_nonzero == 0);
 }
 
-/// Layer norm's forward and its input's gradient, and the head's softmax, in the GPU's form (one warp per row, as
-/// check_softmax_rows) against the CPU order's stages: rows of C = 100 channels (3 or 4 per lane) and of V = 600
-/// tokens (Vp = 640: the padded columns are left as they are).
+/// Layer norm's forward and its input's gradient, and the head's loss with its gradient, in the GPU's form (one warp
+/// per row, as check_softmax_rows) against the CPU order's stages: rows of C = 100 channels (3 or 4 per lane) and of
+/// V = 600 tokens (Vp = 640: dlogits 0 in the padded columns).
 inline void check_row_kernels() {
   using namespace gpt2::device_kernels;
   using index = gpt2::device_kernels::index;  // not POSIX's index()
   const index rows = 37, C = 100, V = 600, Vp = 640;  // 5 blocks of 8 warps, the last partly idle
   std::vector<float> x(rows * C), dout(rows * C), weight(C), bias(C), dinp(rows * C), logits(rows * Vp);
+  std::vector<int> targets(rows);
+  for (index row = 0; row < rows; ++row) targets[row] = static_cast<int>((row * 97 + 13) % V);
+  const float dloss = 1.0f;  // dlogits are then the probabilities less the target's 1: checked to 1e-5 of each
   const auto fill = [](std::vector<float>& v, float step, float scale, float offset) {
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * step) * scale + offset;
   };
@@ -149,12 +152,14 @@ inline void check_row_kernels() {
   // The input's gradient is written over what dinp held (x here) as base (the residual stream's gradient) plus its own.
   auto d_x = device(x), d_dout = device(dout), d_weight = device(weight), d_bias = device(bias),
        d_base = device(dinp), d_dinp = device(x), d_logits = device(logits);
-  thrust::device_vector<float> d_out(rows * C), d_mean(rows), d_rstd(rows), d_sum(rows);
+  thrust::device_vector<float> d_out(rows * C), d_mean(rows), d_rstd(rows), d_losses(rows);
+  const thrust::device_vector<int> d_targets(targets.begin(), targets.end());
   for_each_row(rows, layernorm_forward_lanes{raw(d_out), raw(d_mean), raw(d_rstd), raw(d_x), raw(d_weight),
                                              raw(d_bias), C});
   for_each_row(rows, layernorm_backward_input_lanes{raw(d_dinp), raw(d_base), raw(d_dout), raw(d_x), raw(d_weight),
                                                     raw(d_mean), raw(d_rstd), C});
-  for_each_row(rows, softmax_lanes{raw(d_logits), raw(d_sum), V, Vp});
+  for_each_row(rows, crossentropy_lanes{raw(d_logits), raw(d_losses), thrust::raw_pointer_cast(d_targets.data()),
+                                        dloss, V, Vp});
 
   // The CPU order's stages, on the host.
   const auto each = [](index n, const auto& stage) {
@@ -162,7 +167,7 @@ inline void check_row_kernels() {
   };
   const row_segments norm_segments{C, gpt2::kernels::layernorm_segment};
   std::vector<float> parts(2 * rows * norm_segments.per_row()), out(rows * C), mean(rows), rstd(rows),
-      means(2 * rows), sum(rows);
+      means(2 * rows), sum(rows), losses(rows);
   each(rows * norm_segments.per_row(), layernorm_partial_sums{parts.data(), x.data(), nullptr, norm_segments});
   each(rows, layernorm_mean{mean.data(), parts.data(), norm_segments});
   each(rows * norm_segments.per_row(), layernorm_partial_sums{parts.data(), x.data(), mean.data(), norm_segments});
@@ -177,9 +182,10 @@ inline void check_row_kernels() {
   std::vector<float> maxima(rows * vocab_segments.per_row()), row_max(rows), sums(maxima.size());
   each(maxima.size(), softmax_segment_max{maxima.data(), logits.data(), vocab_segments, Vp});
   each(rows, softmax_row_max{row_max.data(), maxima.data(), vocab_segments});
-  const std::vector<float> padded = logits;
   each(maxima.size(), softmax_segment_exp{logits.data(), sums.data(), row_max.data(), vocab_segments, Vp});
   each(rows, softmax_row_sum{sum.data(), sums.data(), vocab_segments});
+  each(rows, crossentropy_forward{losses.data(), logits.data(), sum.data(), targets.data(), Vp});
+  each(rows * Vp, crossentropy_softmax_backward{logits.data(), sum.data(), targets.data(), dloss, V, Vp});
 
   const auto differing = [](const thrust::device_vector<float>& got, const std::vector<float>& expected) {
     const thrust::host_vector<float> values = got;
@@ -192,11 +198,14 @@ inline void check_row_kernels() {
   CHECK(differing(d_mean, mean) == 0);
   CHECK(differing(d_rstd, rstd) == 0);
   CHECK(differing(d_dinp, dinp) == 0);
-  CHECK(differing(d_sum, sum) == 0);
-  CHECK(differing(d_logits, logits) == 0);  // the exponentials, and the padded columns untouched
-  const thrust::host_vector<float> exponentials = d_logits;
+  CHECK(differing(d_losses, losses) == 0);
+  const thrust::host_vector<float> dlogits = d_logits;
+  std::size_t differing_dlogits = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    differing_dlogits += std::abs(dlogits[i] - logits[i]) > 1e-5f * std::abs(logits[i]) + 1e-12f;
+  CHECK(differing_dlogits == 0);
   for (index row = 0; row < rows; ++row)
-    for (index c = V; c < Vp; ++c) REQUIRE(exponentials[row * Vp + c] == padded[row * Vp + c]);
+    for (index c = V; c < Vp; ++c) REQUIRE(dlogits[row * Vp + c] == 0.0f);
 }
 
 }  // namespace gpt2_device_cases

@@ -398,6 +398,21 @@ TEST_CASE("the host's lanes add in the butterfly's order, as a warp's shuffles d
   CHECK(host_lanes::max(v) == 2e8f);
 }
 
+TEST_CASE("a softmax's max and sum of exponentials in one pass (exp_sum) equal two passes', lanes with none included") {
+  using gpt2::warp_lanes::host_lanes;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{32}, std::size_t{77}, std::size_t{1000}}) {
+    std::vector<float> row(n);
+    for (std::size_t i = 0; i < n; ++i) row[i] = 8.0f * std::sin(0.37f * static_cast<float>(i * i % 101));
+    const auto stats = host_lanes{}.max_and_exp_sum(n, [&](std::size_t i) { return row[i]; });
+    const float max = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (const float x : row) sum += std::exp(static_cast<double>(x) - max);
+    CHECK(stats.max == max);
+    CHECK(stats.sum == doctest::Approx(sum).epsilon(1e-6));
+  }
+  CHECK(host_lanes{}.max_and_exp_sum(0, [](std::size_t) { return 0.0f; }).sum == 0.0f);  // no lane saw a value
+}
+
 TEST_CASE("backward's bias sums on the device, by segments of rows, give the CPU's column sums bit for bit") {
   // The GPU's bias backward (matmul_context::backward); the host build's products leave it to the CPU loops, so it is
   // checked here alone: 150 rows (two whole segments and a partial one) of 37 columns, onto a nonzero dbias.

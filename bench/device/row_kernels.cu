@@ -2,7 +2,8 @@
 // they replaced there (one thread per row, or per segment of a row), side by side on the same arrays at GPT-2's
 // throughput shape: batch 32, context 256, 768 channels, 12 heads, 50257 tokens padded to 50304. Each form runs 3
 // times unmeasured, then 20 times between CUDA events on the default stream; the median is printed with the bytes
-// each operation must move at least (every array read and written once) over that time.
+// each operation must move at least (every array read and written once) over that time. The head: its loss and
+// dlogits, fused (crossentropy_lanes) against the staged functors.
 // Usage: gpt2_row_kernels_bench [--batch B] [--context T]   (bench/device/run.sh runs it; exit 77 without a GPU)
 #include "device_kernels.hpp"
 #include "event_timing.cuh"
@@ -24,6 +25,13 @@ struct fill_values {
   float* values;
   float step, scale;
   __host__ __device__ void operator()(index i) const { values[i] = sinf(static_cast<float>(i % 100003) * step) * scale; }
+};
+
+// targets[r] = r mod V
+struct row_targets {
+  int* targets;
+  index V;
+  __host__ __device__ void operator()(index r) const { targets[r] = static_cast<int>(r % V); }
 };
 
 float* raw(thrust::device_vector<float>& v) { return thrust::raw_pointer_cast(v.data()); }
@@ -98,20 +106,28 @@ int main(int argc, char** argv) {
     x = thrust::device_vector<float>();  // the logits need the room more
     out = dout = dinp = x;
 
-    // The head's softmax over (B*T, Vp) logits: the exponentials in place and each row's sum.
-    thrust::device_vector<float> logits(BT * Vp), row_max(BT), row_sum(BT);
+    // The head over (B*T, Vp) logits: the loss of each row and dlogits in place (the staged functors: the softmax's
+    // four stages, the cross-entropy, then the backward's pass).
+    thrust::device_vector<float> logits(BT * Vp), row_max(BT), row_sum(BT), losses(BT);
     fill(logits, 0.011f, 9.0f);
+    thrust::device_vector<int> targets(BT);
+    for_each_index(BT, row_targets{thrust::raw_pointer_cast(targets.data()), V});
+    const int* target = thrust::raw_pointer_cast(targets.data());
+    const float dloss = 1.0f / static_cast<float>(BT);
     const row_segments vocab{V, gpt2::kernels::softmax_segment};
     thrust::device_vector<float> maxima(BT * vocab.per_row()), sums(BT * vocab.per_row());
-    const auto staged_softmax = [&] {
+    const auto staged_head = [&] {
       for_each_index(maxima.size(), softmax_segment_max{raw(maxima), raw(logits), vocab, Vp});
       for_each_index(BT, softmax_row_max{raw(row_max), raw(maxima), vocab});
       for_each_index(maxima.size(), softmax_segment_exp{raw(logits), raw(sums), raw(row_max), vocab, Vp});
       for_each_index(BT, softmax_row_sum{raw(row_sum), raw(sums), vocab});
+      for_each_index(BT, crossentropy_forward{raw(losses), raw(logits), raw(row_sum), target, Vp});
+      for_each_index(BT * Vp, crossentropy_softmax_backward{raw(logits), raw(row_sum), target, dloss, V, Vp});
     };
-    report("head softmax", median_ms(staged_softmax),
-           median_ms([&] { for_each_row(BT, softmax_lanes{raw(logits), raw(row_sum), V, Vp}); }),
-           2.0 * BT * V * 4);
+    report("head loss and dlogits", median_ms(staged_head), median_ms([&] {
+             for_each_row(BT, crossentropy_lanes{raw(logits), raw(losses), target, dloss, V, Vp});
+           }),
+           2.0 * BT * Vp * 4);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt2_row_kernels_bench: %s\n", e.what());
     return 2;

@@ -844,26 +844,6 @@ struct softmax_row_sum {
   GPT2_HOST_DEVICE void operator()(index row) const { row_sum[row] = s.combine(sums, row); }
 };
 
-// Stages 1 to 4 on the GPU, one warp per row: the exponentials in place of the logits and the row's sum, the lanes'
-// butterflies combining the maximum and the sum (not the CPU's segments: equal to rounding). Each lane's 1,572
-// columns at GPT-2's V are read in neighbouring groups of 32 floats, where a thread per segment reads a segment's
-// 256 floats while its neighbours read theirs 1 KiB away.
-struct softmax_lanes {
-  float* logits;
-  float* row_sum;
-  index V, Vp;
-  template <class Lanes>
-  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
-    float* l = logits + row * Vp;
-    const float m = lanes.max(lanes.fold(V, -INFINITY, [&](float max, index c) { return fmaxf(max, l[c]); }));
-    const float sum = lanes.sum(lanes.fold(V, 0.0f, [&](float part, index c) {
-      l[c] = expf(l[c] - m);
-      return part + l[c];
-    }));
-    if (lanes.leader()) row_sum[row] = sum;
-  }
-};
-
 // The probabilities are never written as such: the loss reads one per row, and the backward divides each
 // exponential by its row's sum where it writes dlogits over it. A pass of its own over the (B*T, Vp) logits (1.6 GB
 // at batch 32, context 256: written, then read back) would only repeat that division. The bits are the CPU's, which
@@ -899,6 +879,36 @@ struct crossentropy_softmax_backward {
     }
     const float indicator = column == static_cast<index>(targets[row]) ? 1.0f : 0.0f;
     exponentials[i] = (softmax_probability(exponentials[i], row_sum[row]) - indicator) * dloss;
+  }
+};
+
+
+// The head on the GPU, one warp per row, forward and the loss's backward in one kernel: the row's max and sum of
+// exponentials in one pass (exp_sum: online, the lanes combined by a butterfly), then dlogits written over the logits
+// (stages 1 to 6: the exponentials are never stored) and the loss by the lane that holds the target. Over the
+// (B*T, Vp) logits (1.6 GB at batch 32, context 256) that is 2 reads and a write, where the stages' GPU form (max, then
+// exponentials written, then dlogits) read 3 times and wrote twice. Backward follows forward on the same batch
+// (schedule.hpp), and dloss is the mean's 1 / (B*T), known here. Equal to the stages to rounding (another order).
+struct crossentropy_lanes {
+  float* logits;  // in: the logits; out: dlogits (0 in the padded columns)
+  float* losses;
+  const int* targets;
+  float dloss;
+  index V, Vp;
+  template <class Lanes>
+  GPT2_HOST_DEVICE void operator()(index row, const Lanes& lanes) const {
+    float* l = logits + row * Vp;
+    const warp_lanes::exp_sum stats = lanes.max_and_exp_sum(V, [&](index c) { return l[c]; });
+    const index target = static_cast<index>(targets[row]);
+    lanes.for_each(Vp, [&](index c) {
+      if (c >= V) {
+        l[c] = 0.0f;
+        return;
+      }
+      const float probability = softmax_probability(expf(l[c] - stats.max), stats.sum);
+      if (c == target) losses[row] = -logf(probability);
+      l[c] = (probability - (c == target ? 1.0f : 0.0f)) * dloss;
+    });
   }
 };
 

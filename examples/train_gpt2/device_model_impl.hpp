@@ -482,9 +482,9 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
   std::size_t mirror_elements = 0;
   device_kernels::row_segments layernorm_segments() const { return device_detail::layernorm_segments(C); }
   device_kernels::row_segments softmax_segments() const { return device_detail::softmax_segments(V); }
-  /// The head's softmax sums, one per row: head_forward leaves them for head_backward (the passes between use no
-  /// row statistics; the host build's layer norm backward takes row_stats only after the head's backward has read
-  /// them, the GPU's warp kernels none).
+  /// The host build's head softmax sums, one per row: head_forward leaves them for head_backward (the passes between
+  /// use no row statistics; layer norm's backward takes row_stats only after the head's backward has read them). The
+  /// GPU's head keeps none (crossentropy_lanes).
   float* head_row_sums() { return scratch.row_stats + B * T; }
   std::vector<std::size_t> mirror_offsets;
   static constexpr std::uint64_t never = ~std::uint64_t{0};
@@ -739,11 +739,13 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   device_detail::layernorm_forward(s, raw(s.lnf), raw(s.lnf_mean), raw(s.lnf_rstd), residual, ln_f_weight, ln_f_bias,
                                    BT);
   s.matmul.forward(raw(s.logits), raw(s.lnf), wte, nullptr, BT, C, s.Vp);
-  float* row_sum = s.head_row_sums();
   using namespace device_kernels;
 #if defined(__CUDACC__)
-  for_each_row(BT, softmax_lanes{raw(s.logits), row_sum, s.V, s.Vp});
+  // The loss's backward too: dlogits over the logits, which head_backward's products read (crossentropy_lanes).
+  const float dloss = 1.0f / static_cast<float>(BT);
+  for_each_row(BT, crossentropy_lanes{raw(s.logits), raw(s.losses), d_targets, dloss, s.V, s.Vp});
 #else
+  float* row_sum = s.head_row_sums();
   const row_segments segments = s.softmax_segments();
   const std::size_t parts = BT * segments.per_row();
   float* maxima = s.scratch.row_parts;
@@ -753,8 +755,8 @@ float head_forward(const float* ln_f_weight, const float* ln_f_bias, const float
   device_detail::for_each_index(BT, softmax_row_max{row_max, maxima, segments});
   device_detail::for_each_index(parts, softmax_segment_exp{raw(s.logits), sums, row_max, segments, s.Vp});
   device_detail::for_each_index(BT, softmax_row_sum{row_sum, sums, segments});
-#endif
   device_detail::for_each_index(BT, crossentropy_forward{raw(s.losses), raw(s.logits), row_sum, d_targets, s.Vp});
+#endif
   s.host_losses.resize(BT);
   thrust::copy_n(thrust::device_pointer_cast(raw(s.losses)), BT, s.host_losses.begin());
   double sum = 0;  // in double, in row order, as the CPU's head_forward
@@ -767,13 +769,22 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   using device_detail::raw;
   auto& s = acts.buffers();
   const std::size_t BT = s.B * s.T, C = s.C, BTC = BT * C;
-  const int* d_targets = s.upload(s.scratch.targets, s.uploaded_targets, targets, "targets");
   float* dresidual = raw(s.dresidual) + s.dresidual_offset(s.L);
   const float* residual = raw(s.residual3) + (s.L - 1) * BTC;
+  float* dlogits = raw(s.logits);
+#if defined(__CUDACC__)
+  // head_forward wrote them (crossentropy_lanes), against the targets it was given: backward must be of that batch.
+  if (s.new_batch(s.uploaded_targets, targets, "targets"))
+    chunkwise::throw_error(chunkwise::error_code::illegal_state,
+                           "GPT-2 device passes: head_backward's targets are not those of the head_forward before it "
+                           "(backward follows forward on the same batch)");
+#else
+  const int* d_targets = s.upload(s.scratch.targets, s.uploaded_targets, targets, "targets");
   const float dloss = 1.0f / static_cast<float>(BT);
-  float* dlogits = raw(s.logits);  // the exponentials forward left there, replaced
+  // dlogits replace the exponentials forward left there
   device_detail::for_each_index(BT * s.Vp, device_kernels::crossentropy_softmax_backward{dlogits, s.head_row_sums(),
                                                                                          d_targets, dloss, s.V, s.Vp});
+#endif
   // Every activation gradient written whole, none zeroed first (as in layer_backward): dlnf by the product, the
   // residual stream's gradient by layer norm's backward (base 0).
   s.matmul.backward(raw(s.dlnf), d_wte, nullptr, dlogits, raw(s.lnf), wte, BT, C, s.Vp);

@@ -2,10 +2,10 @@
 // One warp per row, for row operations over rows contiguous in memory (attention's (B, NH, T, T) weights): lane l
 // takes the row's elements l, l + 32, ..., so each step of the warp reads 32 neighbouring floats, where one thread per
 // row reads 32 elements a whole row apart. A row's reductions combine the lanes' partial results by a butterfly of
-// shuffles. An operation is written once, as `op(row, lanes)` over the lanes' three primitives (fold, for_each and the
-// butterflies), and runs with `device_lanes` in a kernel (device_kernels::for_each_row) or with `host_lanes`, which
-// emulates the 32 lanes on the CPU with the butterfly's additions in the GPU's order: the kernel's host twin, which the
-// tests run against the CPU loops.
+// shuffles. An operation is written once, as `op(row, lanes)` over the lanes' primitives (fold, for_each, the
+// butterflies, and a softmax's max and sum in one pass), and runs with `device_lanes` in a kernel
+// (device_kernels::for_each_row) or with `host_lanes`, which emulates the 32 lanes on the CPU with the butterfly's
+// additions in the GPU's order: the kernel's host twin, which the tests run against the CPU loops.
 #include "gelu_math.hpp"  // GPT2_HOST_DEVICE
 
 #include <array>
@@ -16,6 +16,26 @@ namespace gpt2::warp_lanes {
 
 using index = std::size_t;
 inline constexpr unsigned width = 32;
+
+/// A softmax's statistics over some of a row's elements: their largest value and the sum of exp(v - max), kept in one
+/// pass (online: a larger value rescales the sum so far) and combined across lanes the same way.
+struct exp_sum {
+  float max = -INFINITY;
+  float sum = 0.0f;
+  GPT2_HOST_DEVICE void add(float v) {
+    if (v > max) {
+      sum = sum * expf(max - v) + 1.0f;  // expf(-inf) = 0 before the first value
+      max = v;
+    } else {
+      sum += expf(v - max);
+    }
+  }
+  GPT2_HOST_DEVICE static exp_sum combine(exp_sum a, exp_sum b) {
+    const float m = fmaxf(a.max, b.max);
+    if (m == -INFINITY) return {};  // neither saw a value
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+  }
+};
 
 /// The 32 lanes as the CPU runs them: a lane's partial result is an array of the 32 lanes' values, each lane's fold
 /// run in its own order (no lane reads another's elements, so the order between lanes does not matter).
@@ -50,6 +70,19 @@ struct host_lanes {
   static bool leader() { return true; }
   static float sum(const values& v) { return butterfly(v, [](float a, float b) { return a + b; }); }
   static float max(const values& v) { return butterfly(v, [](float a, float b) { return fmaxf(a, b); }); }
+  /// exp_sum over value(i), i < n: each lane's elements in its order, then the butterfly of exp_sum::combine.
+  template <class Value>
+  exp_sum max_and_exp_sum(index n, Value&& value) const {
+    std::array<exp_sum, width> v;
+    for (unsigned lane = 0; lane < width; ++lane)
+      for (index i = lane; i < n; i += width) v[lane].add(value(i));
+    for (unsigned offset = width / 2; offset > 0; offset /= 2) {
+      std::array<exp_sum, width> next;
+      for (unsigned lane = 0; lane < width; ++lane) next[lane] = exp_sum::combine(v[lane], v[lane ^ offset]);
+      v = next;
+    }
+    return v[0];
+  }
 };
 
 #if defined(__CUDACC__)
@@ -77,6 +110,17 @@ struct device_lanes {
   GPT2_HOST_DEVICE static float max(float v) {
 #if defined(__CUDA_ARCH__)
     for (unsigned offset = width / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+#endif
+    return v;
+  }
+  template <class Value>
+  GPT2_HOST_DEVICE exp_sum max_and_exp_sum(index n, Value&& value) const {
+    exp_sum v;
+    for (index i = lane; i < n; i += width) v.add(value(i));
+#if defined(__CUDA_ARCH__)
+    for (unsigned offset = width / 2; offset > 0; offset /= 2)
+      v = exp_sum::combine(v, {__shfl_xor_sync(0xffffffffu, v.max, offset),
+                               __shfl_xor_sync(0xffffffffu, v.sum, offset)});
 #endif
     return v;
   }
