@@ -353,7 +353,8 @@ TEST_CASE("the device executor leaves the gradients on the device where its sink
   CHECK(gpt2::measure_device_pass_flops(config, false, gpt2::gradient_sink::device, 1) > 0);
 }
 
-TEST_CASE("a product's bias added by the pass after it gives add_bias's bits (the GPU's projections and MLP)") {
+TEST_CASE("a product's bias added by the pass after it gives add_bias's bits (the GPU's projections and MLP, GELU's "
+          "backward)") {
   // The GPU's products leave their bias out; residual_bias_forward and bias_gelu_forward add it where they read the
   // product: the same two roundings as add_bias and then the residual or GELU. The host build's products add their
   // own (null bias here), which the whole-model tests cover.
@@ -377,9 +378,18 @@ TEST_CASE("a product's bias added by the pass after it gives add_bias's bits (th
   }
   CHECK(got == expected);
   CHECK(fused_gelu == staged_gelu);
-  CHECK(pre == biased);  // the pre-activation backward reads
+  CHECK(pre == product);  // not written back: backward adds the bias again
   for (index i = 0; i < n; ++i) residual_bias_forward{got.data(), residual.data(), biased.data(), nullptr, OC}(i);
   CHECK(got == expected);  // null: the product added its bias itself
+  // GELU's backward from the product and the bias equals it from the biased pre-activation, bit for bit.
+  std::vector<float> dout(n), from_sum(n), from_product(n);
+  for (index i = 0; i < n; ++i) dout[i] = std::cos(static_cast<float>(i) * 0.41f);
+  for (index i = 0; i < n; ++i) {
+    gelu_backward{from_sum.data(), biased.data(), nullptr, OC, dout.data()}(i);
+    gelu_backward{from_product.data(), product.data(), bias.data(), OC, dout.data()}(i);
+  }
+  CHECK(from_product == from_sum);
+  CHECK(from_sum != dout);
 }
 
 TEST_CASE("the host's lanes add in the butterfly's order, as a warp's shuffles do") {

@@ -739,29 +739,26 @@ GPT2_HOST_DEVICE inline float gelu(float x) {
 
 // The GPU's products leave out their bias (cuBLAS adds none), and it is added where their output is read next rather
 // than in a pass of its own (add_bias): one read and one write of the output fewer, the same roundings, so the same
-// bits. Null bias: the product added its own (the CPU loops'). The MLP's first product: pre += bias, then out = GELU
-// of it (pre keeps the pre-activation that backward reads).
+// bits. Null bias: the product added its own (the CPU loops'). The MLP's first product: out = GELU(pre + bias); pre
+// stays the product alone, and backward adds the bias again (gelu_backward: the same sum, so the same bits), rather
+// than this pass writing the (B, T, 4C) sum back for it.
 struct bias_gelu_forward {
   float* out;
-  float* pre;
+  const float* pre;
   const float* bias;
   index OC;
-  GPT2_HOST_DEVICE void operator()(index i) const {
-    float x = pre[i];
-    if (bias != nullptr) {
-      x += bias[i % OC];
-      pre[i] = x;
-    }
-    out[i] = gelu(x);
-  }
+  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = gelu(bias != nullptr ? pre[i] + bias[i % OC] : pre[i]); }
 };
 
+// dinp = GELU'(inp + bias) * dout; bias as bias_gelu_forward's (null: inp holds the pre-activation).
 struct gelu_backward {
   float* dinp;
   const float* inp;
+  const float* bias;
+  index OC;
   const float* dout;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const float x = inp[i];
+    const float x = bias != nullptr ? inp[i] + bias[i % OC] : inp[i];
     const float cube = 0.044715f * x * x * x;
     const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);
     const float tanh_out = gelu_math::tanh_approx(gelu_scaling * (x + cube));

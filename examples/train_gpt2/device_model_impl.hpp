@@ -824,7 +824,8 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
 
   s.matmul.backward(raw(s.dfch_gelu), g[mlp_c_proj_weight], g[mlp_c_proj_bias], doutput, fch_gelu,
                     p[mlp_c_proj_weight], BT, 4 * C, C);
-  for_each_index(BTC * 4, device_kernels::gelu_backward{raw(s.dfch), fch, raw(s.dfch_gelu)});
+  const float* fc_bias = device_detail::bias_after_product ? p[mlp_c_fc_bias] : nullptr;  // fch is the product alone
+  for_each_index(BTC * 4, device_kernels::gelu_backward{raw(s.dfch), fch, fc_bias, 4 * C, raw(s.dfch_gelu)});
   s.matmul.backward(raw(s.dln2), g[mlp_c_fc_weight], g[mlp_c_fc_bias], raw(s.dfch), ln2, p[mlp_c_fc_weight], BT, C,
                     4 * C);
   device_detail::layernorm_backward(s, doutput, doutput, g[ln_2_weight], g[ln_2_bias], raw(s.dln2), residual2,
