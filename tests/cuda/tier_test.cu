@@ -92,6 +92,24 @@ TEST_CASE("a host thread waiting for the GPU sleeps rather than spins (backend e
   CHECK(cudaStreamQuery(backend.compute()) == cudaSuccess);
 }
 
+TEST_CASE("the backend's events are reused once no handle holds them, never while one does") {
+  cuda_backend backend;
+  cudaEvent_t first = nullptr;
+  {
+    const auto event = backend.record(backend.h2d());
+    first = event.get();
+    const auto other = backend.record(backend.h2d());
+    CHECK(other.get() != first);  // held: not handed out again
+    const auto copy = event;      // a copy holds it too
+  }
+  const auto again = backend.record(backend.d2h());
+  const auto next = backend.record(backend.d2h());
+  CHECK((again.get() == first || next.get() == first));  // back in the pool once the last handle went
+  backend.wait(again);
+  backend.wait(next);
+  CHECK(backend.ready(again));
+}
+
 TEST_CASE("an event query that finds work unfinished leaves no error for the next kernel launch's check") {
   // cudaEventQuery's cudaErrorNotReady is also the thread's last error: uncleared, the next launch checked with
   // cudaGetLastError (cuda_adam's, the trainer's row kernels') would fail with it.

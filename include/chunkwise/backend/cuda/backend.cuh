@@ -10,18 +10,64 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace chunkwise {
 
-/// A shared handle to a recorded cudaEvent_t; a default-constructed event is complete.
+namespace detail {
+
+/// The events record_cuda_event hands out, kept for reuse, per device (an event belongs to the device current when it
+/// was made): making one per record costs a driver call, and a blocking-sync event an OS wait object too. An event
+/// comes back when the last handle to it goes; a stream already told to wait for it keeps waiting for that record,
+/// whatever is recorded into it later (cudaStreamWaitEvent takes the event's state at the call).
+class cuda_event_pool {
+ public:
+  /// Never destroyed: handles may outlive static destruction, and the driver frees the events with the context.
+  static cuda_event_pool& instance() {
+    static auto* pool = new cuda_event_pool;
+    return *pool;
+  }
+  cudaEvent_t take(int device, const std::string& context) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (auto& free = free_[device]; !free.empty()) {
+        const cudaEvent_t event = free.back();
+        free.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, host_waited_event_flags), context);
+    return event;
+  }
+  void give_back(int device, cudaEvent_t event) noexcept {
+    try {
+      const std::lock_guard lock(mutex_);
+      free_[device].push_back(event);
+    } catch (...) {
+      (void)cudaEventDestroy(event);  // no room to keep it
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<cudaEvent_t>> free_;
+};
+
+}  // namespace detail
+
+/// A shared handle to a recorded cudaEvent_t of the pool; a default-constructed event is complete.
 class cuda_event {
  public:
   cuda_event() = default;
-  explicit cuda_event(cudaEvent_t event)
-      : event_(new cudaEvent_t(event), [](cudaEvent_t* e) {
-          (void)cudaEventDestroy(*e);  // noexcept path: a failed destroy leaks one event
+  /// `event` (of `device`) goes back to detail::cuda_event_pool with the last copy of this handle.
+  cuda_event(cudaEvent_t event, int device)
+      : event_(new cudaEvent_t(event), [device](cudaEvent_t* e) {
+          detail::cuda_event_pool::instance().give_back(device, *e);
           delete e;
         }) {}
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_ ? *event_ : nullptr; }
@@ -31,14 +77,14 @@ class cuda_event {
   std::shared_ptr<cudaEvent_t> event_;
 };
 
-/// An event recorded on `stream` now: it completes once the work queued there before it has run. `context` names the
-/// caller in an error.
+/// An event recorded on `stream` now: it completes once the work queued there before it has run. `stream` must belong
+/// to the calling thread's current device (or be a default stream). `context` names the caller in an error.
 inline cuda_event record_cuda_event(cudaStream_t stream, const std::string& context) {
-  cudaEvent_t event = nullptr;
-  CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, host_waited_event_flags), context);
-  cuda_event owned(event);
-  CHUNKWISE_CUDA_TRY(cudaEventRecord(event, stream), context);
-  return owned;
+  int device = 0;
+  CHUNKWISE_CUDA_TRY(cudaGetDevice(&device), context);
+  cuda_event event(detail::cuda_event_pool::instance().take(device, context), device);
+  CHUNKWISE_CUDA_TRY(cudaEventRecord(event.get(), stream), context);
+  return event;
 }
 
 class cuda_backend {
