@@ -428,11 +428,15 @@ struct device_workspace::state : device_detail::device_present, device_detail::a
     mirror_versions.assign(mirror_offsets.size(), never);
   }
 
+  // Whether `uploaded` records host's B*T tokens (or targets).
+  bool holds(const std::vector<int>& uploaded, const int* host) const {
+    return uploaded.size() == B * T && std::equal(uploaded.begin(), uploaded.end(), host);
+  }
   // Whether host's B*T tokens (or targets) differ from the batch `uploaded` holds, checking and recording them if so:
   // backward reads the batch forward uploaded, and a copy from pageable memory would wait for every kernel queued
   // before it.
   bool new_batch(std::vector<int>& uploaded, const int* host, const char* what) const {
-    if (uploaded.size() == B * T && std::equal(uploaded.begin(), uploaded.end(), host)) return false;
+    if (holds(uploaded, host)) return false;
     kernels::check_tokens(host, B * T, V, what);
     uploaded.assign(host, host + B * T);
     return true;
@@ -779,7 +783,7 @@ void head_backward(const float* ln_f_weight, const float* wte, float* d_ln_f_wei
   float* dlogits = raw(s.logits);
 #if defined(__CUDACC__)
   // head_forward wrote them (crossentropy_lanes), against the targets it was given: backward must be of that batch.
-  if (s.new_batch(s.uploaded_targets, targets, "targets"))
+  if (!s.holds(s.uploaded_targets, targets))
     chunkwise::throw_error(chunkwise::error_code::illegal_state,
                            "GPT-2 device passes: head_backward's targets are not those of the head_forward before it "
                            "(backward follows forward on the same batch)");

@@ -30,8 +30,15 @@ struct exp_sum {
       sum += expf(v - max);
     }
   }
+  /// Both orders give the same bits (the operands are ordered first: with fused multiply-adds the sum's two terms
+  /// are not symmetric), so every lane of a butterfly ends with the same statistics.
   GPT2_HOST_DEVICE static exp_sum combine(exp_sum a, exp_sum b) {
-    const float m = fmaxf(a.max, b.max);
+    if (b.max < a.max || (b.max == a.max && b.sum < a.sum)) {
+      const exp_sum t = a;
+      a = b;
+      b = t;
+    }
+    const float m = b.max;
     if (m == -INFINITY) return {};  // neither saw a value
     return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
   }
