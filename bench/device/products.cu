@@ -8,8 +8,8 @@
 //   bf16+round   the same with both operands rounded from fp32 first (a drop-in for fast-bf16, conversions counted)
 // then the step's total of each (12 layers' products, the head's once). Each is the median of 20 runs between CUDA
 // events after 3 unmeasured. Usage: gpt2_products_bench [--batch B] [--context T]   (exit 77 without a GPU)
+#include "device_bench.cuh"
 #include "device_kernels.hpp"
-#include "event_timing.cuh"
 
 #include <cublas_v2.h>
 #include <thrust/device_vector.h>
@@ -24,13 +24,9 @@ namespace {
 
 using namespace gpt2::device_kernels;
 using index = gpt2::device_kernels::index;
+using device_bench::fill;
 using device_bench::median_ms;
 
-struct fill_values {
-  float* values;
-  float step;
-  __host__ __device__ void operator()(index i) const { values[i] = sinf(static_cast<float>(i % 100003) * step); }
-};
 struct round_to_bf16 {
   std::uint16_t* out;
   const float* in;
@@ -86,8 +82,8 @@ int main(int argc, char** argv) {
       for (const product& p : linear(rows, layer.C, layer.OC, layer.per_step)) {
         thrust::device_vector<float> a(p.a_elements()), b(p.b_elements()), c(p.c_elements());
         thrust::device_vector<std::uint16_t> a16(a.size()), b16(b.size());
-        for_each_index(a.size(), fill_values{thrust::raw_pointer_cast(a.data()), 0.37f});
-        for_each_index(b.size(), fill_values{thrust::raw_pointer_cast(b.data()), 0.11f});
+        fill(a, 0.37f);
+        fill(b, 0.11f);
         const float* pa = thrust::raw_pointer_cast(a.data());
         const float* pb = thrust::raw_pointer_cast(b.data());
         float* pc = thrust::raw_pointer_cast(c.data());

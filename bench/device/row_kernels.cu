@@ -5,8 +5,8 @@
 // each operation must move at least (every array read and written once) over that time. The head: its loss and
 // dlogits, fused (crossentropy_lanes) against the staged functors.
 // Usage: gpt2_row_kernels_bench [--batch B] [--context T]   (bench/device/run.sh runs it; exit 77 without a GPU)
+#include "device_bench.cuh"
 #include "device_kernels.hpp"
-#include "event_timing.cuh"
 
 #include <thrust/device_vector.h>
 
@@ -18,14 +18,8 @@ namespace {
 
 using namespace gpt2::device_kernels;
 using index = gpt2::device_kernels::index;
+using device_bench::fill;
 using device_bench::median_ms;
-
-// values[i] = sin(i * step) * scale: the same inputs for both forms, in range for exp.
-struct fill_values {
-  float* values;
-  float step, scale;
-  __host__ __device__ void operator()(index i) const { values[i] = sinf(static_cast<float>(i % 100003) * step) * scale; }
-};
 
 // targets[r] = r mod V
 struct row_targets {
@@ -35,10 +29,6 @@ struct row_targets {
 };
 
 float* raw(thrust::device_vector<float>& v) { return thrust::raw_pointer_cast(v.data()); }
-
-void fill(thrust::device_vector<float>& v, float step, float scale) {
-  for_each_index(v.size(), fill_values{raw(v), step, scale});
-}
 
 void report(const char* what, double staged_ms, double warp_ms, double bytes) {
   std::printf("row kernels: %-34s staged %8.3f ms, warp %8.3f ms: %5.2fx; at least %7.1f MB, warp %6.0f GB/s\n", what,

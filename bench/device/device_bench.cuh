@@ -1,7 +1,11 @@
 #pragma once
-// The device benches' timer: the median of 20 runs of `work` on the default stream between CUDA events, after 3
-// unmeasured runs (what row_kernels.cu and products.cu report).
+// What the device benches (row_kernels.cu, products.cu) share: their inputs, their timer (the median of 20 runs of
+// `work` on the default stream between CUDA events, after 3 unmeasured runs), and their exit where there is no GPU.
+#include "device_kernels.hpp"
+
 #include <chunkwise/core/cuda/checked_call.cuh>
+
+#include <thrust/device_vector.h>
 
 #include <cuda_runtime.h>
 
@@ -11,6 +15,20 @@
 #include <vector>
 
 namespace device_bench {
+
+using index = gpt2::device_kernels::index;
+
+/// values[i] = sin(i * step) * scale: the same inputs for every form a bench compares, in range for exp.
+struct fill_values {
+  float* values;
+  float step, scale;
+  __host__ __device__ void operator()(index i) const {
+    values[i] = sinf(static_cast<float>(i % 100003) * step) * scale;
+  }
+};
+inline void fill(thrust::device_vector<float>& v, float step, float scale = 1.0f) {
+  gpt2::device_kernels::for_each_index(v.size(), fill_values{thrust::raw_pointer_cast(v.data()), step, scale});
+}
 
 template <class Work>
 double median_ms(Work&& work) {
