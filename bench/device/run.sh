@@ -226,9 +226,10 @@ run_trainer() {  # name, flags...
   grep -E "$shown|device passes)" "$logs/train_$name.log" | head -50
 }
 run_trainer cuda --backend cuda --steps 12 --device-budget 0
-# where the device time goes (each operation timed to its end, so these steps run slower than the ones above)
-CHUNKWISE_GPT2_KERNEL_TIMES=1 run_trainer cuda_kernel_times --backend cuda --steps 3 --device-budget 0 \
-  --eval-every 1000 > /dev/null
+# where the device time goes at the throughput shape, where the MFU is judged (bf16, batch 32: below); each operation
+# is timed to its end, so these steps run slower than the untimed ones
+CHUNKWISE_GPT2_KERNEL_TIMES=1 run_trainer cuda_kernel_times --backend cuda --dtype bf16 --batch 32 --steps 3 \
+  --device-budget 0 --eval-every 1000 > /dev/null
 sed -n '/^step parts/,$p' "$logs/train_cuda_kernel_times.log" | head -40
 run_trainer cuda_streamed --backend cuda --steps 4 --device-budget 2GiB
 # the same run with the host chunks and the device mirror (before the chunks lived on the GPU): the change side by side
