@@ -4,8 +4,9 @@
 # compiler:
 #   .device-debs/   Debian's doctest-dev and nlohmann-json3-dev (apt-get download): run.sh unpacks them into a prefix
 #                   when it has to build there;
-#   .device-carry/  train_gpt2, the row kernels' bench and the tests run.sh runs, built here for sm_90 (Release, no io_uring, MPI or oneDNN:
-#                   the machine lacks them), laid out as a build tree (examples/train_gpt2/, tests/, tests/cuda/), with
+#   .device-carry/  train_gpt2, the row kernels' and products' benches and the tests run.sh runs, built here for sm_90
+#                   (Release, no io_uring, MPI or oneDNN: the machine lacks them), laid out as a build tree
+#                   (examples/train_gpt2/, tests/, tests/cuda/), with
 #                   the libraries they link that a CUDA image may lack (OpenBLAS, libgomp, libgfortran) in lib/.
 # Both are ignored by git (.git/info/exclude); carry them:
 #   run(command="bash bench/device/run.sh", carry=[".device-carry", ".device-debs"], timeout_s=540)
