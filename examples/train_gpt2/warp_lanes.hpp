@@ -30,6 +30,14 @@ struct exp_sum {
       sum += expf(v - max);
     }
   }
+  /// fold's step over value(i): the statistics so far with element i added.
+  template <class Value>
+  GPT2_HOST_DEVICE static auto adding(Value& value) {
+    return [&value](exp_sum s, index i) {
+      s.add(value(i));
+      return s;
+    };
+  }
   /// Both orders give the same bits (the operands are ordered first: with fused multiply-adds the sum's two terms
   /// are not symmetric), so every lane of a butterfly ends with the same statistics.
   GPT2_HOST_DEVICE static exp_sum combine(exp_sum a, exp_sum b) {
@@ -47,11 +55,13 @@ struct exp_sum {
 /// The 32 lanes as the CPU runs them: a lane's partial result is an array of the 32 lanes' values, each lane's fold
 /// run in its own order (no lane reads another's elements, so the order between lanes does not matter).
 struct host_lanes {
-  using values = std::array<float, width>;
+  template <class T>
+  using lane_values = std::array<T, width>;
+  using values = lane_values<float>;
   /// Each lane's f(... f(f(init, l), l + 32) ..., last), over its elements l < n of stride 32.
-  template <class F>
-  values fold(index n, float init, F&& f) const {
-    values v;
+  template <class T, class F>
+  lane_values<T> fold(index n, T init, F&& f) const {
+    lane_values<T> v;
     for (unsigned lane = 0; lane < width; ++lane) {
       v[lane] = init;
       for (index i = lane; i < n; i += width) v[lane] = f(v[lane], i);
@@ -64,10 +74,10 @@ struct host_lanes {
   }
   /// The butterfly: at each offset 16, 8, 4, 2, 1 lane l combines its value with lane l ^ offset's, so every lane ends
   /// with the same result (combine is commutative).
-  template <class Combine>
-  static float butterfly(values v, Combine combine) {
+  template <class T, class Combine>
+  static T butterfly(lane_values<T> v, Combine combine) {
     for (unsigned offset = width / 2; offset > 0; offset /= 2) {
-      values next;
+      lane_values<T> next;
       for (unsigned lane = 0; lane < width; ++lane) next[lane] = combine(v[lane], v[lane ^ offset]);
       v = next;
     }
@@ -80,15 +90,7 @@ struct host_lanes {
   /// exp_sum over value(i), i < n: each lane's elements in its order, then the butterfly of exp_sum::combine.
   template <class Value>
   exp_sum max_and_exp_sum(index n, Value&& value) const {
-    std::array<exp_sum, width> v;
-    for (unsigned lane = 0; lane < width; ++lane)
-      for (index i = lane; i < n; i += width) v[lane].add(value(i));
-    for (unsigned offset = width / 2; offset > 0; offset /= 2) {
-      std::array<exp_sum, width> next;
-      for (unsigned lane = 0; lane < width; ++lane) next[lane] = exp_sum::combine(v[lane], v[lane ^ offset]);
-      v = next;
-    }
-    return v[0];
+    return butterfly(fold(n, exp_sum{}, exp_sum::adding(value)), exp_sum::combine);
   }
 };
 
@@ -97,9 +99,9 @@ struct host_lanes {
 /// all 32). Host-callable only to compile as the host pass of a __host__ __device__ operation; it runs in kernels.
 struct device_lanes {
   unsigned lane;
-  template <class F>
-  GPT2_HOST_DEVICE float fold(index n, float init, F&& f) const {
-    float v = init;
+  template <class T, class F>
+  GPT2_HOST_DEVICE T fold(index n, T init, F&& f) const {
+    T v = init;
     for (index i = lane; i < n; i += width) v = f(v, i);
     return v;
   }
@@ -122,8 +124,7 @@ struct device_lanes {
   }
   template <class Value>
   GPT2_HOST_DEVICE exp_sum max_and_exp_sum(index n, Value&& value) const {
-    exp_sum v;
-    for (index i = lane; i < n; i += width) v.add(value(i));
+    exp_sum v = fold(n, exp_sum{}, exp_sum::adding(value));
 #if defined(__CUDA_ARCH__)
     for (unsigned offset = width / 2; offset > 0; offset /= 2)
       v = exp_sum::combine(v, {__shfl_xor_sync(0xffffffffu, v.max, offset),
