@@ -730,6 +730,12 @@ struct attention_backward_keys_values {
   }
 };
 
+// A product's output plus its bias, where the product left it out (null: it added its own). The passes after the
+// GPU's products and GELU's backward all add it so: one sum, so forward and backward see the same bits.
+GPT2_HOST_DEVICE inline float plus_bias(float product, const float* bias, index i, index OC) {
+  return bias != nullptr ? product + bias[i % OC] : product;
+}
+
 // GELU, tanh approximation; i over the elements.
 GPT2_HOST_DEVICE inline float gelu(float x) {
   const float cube = 0.044715f * x * x * x;
@@ -747,7 +753,7 @@ struct bias_gelu_forward {
   const float* pre;
   const float* bias;
   index OC;
-  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = gelu(bias != nullptr ? pre[i] + bias[i % OC] : pre[i]); }
+  GPT2_HOST_DEVICE void operator()(index i) const { out[i] = gelu(plus_bias(pre[i], bias, i, OC)); }
 };
 
 // dinp = GELU'(inp + bias) * dout; bias as bias_gelu_forward's (null: inp holds the pre-activation).
@@ -758,7 +764,7 @@ struct gelu_backward {
   index OC;
   const float* dout;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    const float x = bias != nullptr ? inp[i] + bias[i % OC] : inp[i];
+    const float x = plus_bias(inp[i], bias, i, OC);
     const float cube = 0.044715f * x * x * x;
     const float gelu_scaling = sqrtf(2.0f / 3.14159265358979323846f);
     const float tanh_out = gelu_math::tanh_approx(gelu_scaling * (x + cube));
@@ -778,7 +784,7 @@ struct residual_bias_forward {
   const float* bias;
   index OC;
   GPT2_HOST_DEVICE void operator()(index i) const {
-    out[i] = inp1[i] + (bias != nullptr ? product[i] + bias[i % OC] : product[i]);
+    out[i] = inp1[i] + plus_bias(product[i], bias, i, OC);
   }
 };
 
@@ -878,7 +884,6 @@ struct crossentropy_softmax_backward {
     exponentials[i] = (softmax_probability(exponentials[i], row_sum[row]) - indicator) * dloss;
   }
 };
-
 
 // The head on the GPU, one warp per row, forward and the loss's backward in one kernel: the row's max and sum of
 // exponentials in one pass (exp_sum: online, the lanes combined by a butterfly), then dlogits written over the logits

@@ -196,6 +196,9 @@ inline constexpr bool staged_row_reductions = false;
 inline constexpr bool bias_after_product = false;
 inline constexpr bool staged_row_reductions = true;
 #endif
+// The bias a product adds itself, and the one the pass after it adds (the other is null).
+inline const float* in_product(const float* bias) { return bias_after_product ? nullptr : bias; }
+inline const float* after_product(const float* bias) { return bias_after_product ? bias : nullptr; }
 
 using buffer = thrust::device_vector<float>;
 
@@ -727,8 +730,7 @@ void layer_forward(std::size_t layer, const layer_params<float>& p, device_works
   device_detail::attention_forward(s, attention_geometry{T, C, NH}, atty, att, qkv);
   // On the GPU the products leave their bias to the pass that reads their output next (bias_gelu_forward); the CPU
   // loops' products add it in their loops, and those passes then add none.
-  const auto in_product = [](const float* bias) { return device_detail::bias_after_product ? nullptr : bias; };
-  const auto after_product = [](const float* bias) { return device_detail::bias_after_product ? bias : nullptr; };
+  using device_detail::in_product, device_detail::after_product;
   s.matmul.forward(attproj, atty, p[attn_c_proj_weight], in_product(p[attn_c_proj_bias]), BT, C, C);
   for_each_index(BTC, residual_bias_forward{residual2, residual, attproj, after_product(p[attn_c_proj_bias]), C});
   device_detail::layernorm_forward(s, ln2, ln2_mean, ln2_rstd, residual2, p[ln_2_weight], p[ln_2_bias], BT);
@@ -833,7 +835,7 @@ void layer_backward(std::size_t layer, const layer_params<float>& p, const layer
 
   s.matmul.backward(raw(s.dfch_gelu), g[mlp_c_proj_weight], g[mlp_c_proj_bias], doutput, fch_gelu,
                     p[mlp_c_proj_weight], BT, 4 * C, C);
-  const float* fc_bias = device_detail::bias_after_product ? p[mlp_c_fc_bias] : nullptr;  // fch is the product alone
+  const float* fc_bias = device_detail::after_product(p[mlp_c_fc_bias]);  // where fch is the product alone
   for_each_index(BTC * 4, device_kernels::gelu_backward{raw(s.dfch), fch, fc_bias, 4 * C, raw(s.dfch_gelu)});
   s.matmul.backward(raw(s.dln2), g[mlp_c_fc_weight], g[mlp_c_fc_bias], raw(s.dfch), ln2, p[mlp_c_fc_weight], BT, C,
                     4 * C);
