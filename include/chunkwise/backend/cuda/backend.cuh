@@ -10,57 +10,12 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <vector>
 
 namespace chunkwise {
 
-namespace detail {
-
-/// The events record_cuda_event hands out, kept for reuse, per device (an event belongs to the device current when it
-/// was made): making one per record costs a driver call, and a blocking-sync event an OS wait object too. An event
-/// comes back when the last handle to it goes; a stream already told to wait for it keeps waiting for that record,
-/// whatever is recorded into it later (cudaStreamWaitEvent takes the event's state at the call).
-class cuda_event_pool {
- public:
-  /// Never destroyed: handles may outlive static destruction, and the driver frees the events with the context.
-  static cuda_event_pool& instance() {
-    static auto* pool = new cuda_event_pool;
-    return *pool;
-  }
-  cudaEvent_t take(int device, const std::string& context) {
-    {
-      const std::lock_guard lock(mutex_);
-      if (auto& free = free_[device]; !free.empty()) {
-        const cudaEvent_t event = free.back();
-        free.pop_back();
-        return event;
-      }
-    }
-    cudaEvent_t event = nullptr;
-    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, host_waited_event_flags), context);
-    return event;
-  }
-  void give_back(int device, cudaEvent_t event) noexcept {
-    try {
-      const std::lock_guard lock(mutex_);
-      free_[device].push_back(event);
-    } catch (...) {
-      (void)cudaEventDestroy(event);  // no room to keep it
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<int, std::vector<cudaEvent_t>> free_;
-};
-
-}  // namespace detail
-
-/// A shared handle to a recorded cudaEvent_t of the pool; a default-constructed event is complete.
+/// A shared handle to a recorded cudaEvent_t of detail::cuda_event_pool; a default-constructed event is complete.
 class cuda_event {
  public:
   cuda_event() = default;

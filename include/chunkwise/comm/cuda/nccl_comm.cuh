@@ -53,15 +53,16 @@ constexpr ncclDataType_t nccl_type() noexcept {
 }
 
 /// A CUDA event without timing, recorded on the communicator's stream after an operation (or a group); a rank
-/// waiting for it sleeps (host_wait.cuh).
+/// waiting for it sleeps (host_wait.cuh). Taken from cuda_event_pool for the current device, given back at the end.
 class comm_event {
  public:
   comm_event() {
-    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event_, host_waited_event_flags), std::string("nccl_comm"));
+    CHUNKWISE_CUDA_TRY(cudaGetDevice(&device_), std::string("nccl_comm"));
+    event_ = cuda_event_pool::instance().take(device_, "nccl_comm");
   }
   comm_event(const comm_event&) = delete;
   comm_event& operator=(const comm_event&) = delete;
-  ~comm_event() { cudaEventDestroy(event_); }
+  ~comm_event() { cuda_event_pool::instance().give_back(device_, event_); }
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
   /// The group that was to launch the operation failed to: the event was never recorded, and CUDA reports an
   /// unrecorded event complete, so the requests must say so themselves.
@@ -69,6 +70,7 @@ class comm_event {
   [[nodiscard]] bool failed() const noexcept { return failed_; }
 
  private:
+  int device_ = 0;
   cudaEvent_t event_ = nullptr;
   bool failed_ = false;
 };

@@ -9,14 +9,17 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace chunkwise {
 
 /// The flags of an event a host thread may wait for: no timing, and cudaEventSynchronize sleeps until it completes.
 inline constexpr unsigned host_waited_event_flags = cudaEventDisableTiming | cudaEventBlockingSync;
 
-/// An event for host_wait_for_stream, made once and reused (record overwrites it).
+/// An event of one's own to wait for a stream with, made once and reused (record overwrites it).
 class host_wait_event {
  public:
   explicit host_wait_event(const std::string& context) {
@@ -36,5 +39,48 @@ class host_wait_event {
  private:
   cudaEvent_t event_ = nullptr;
 };
+
+namespace detail {
+
+/// Events a host thread may wait for (host_waited_event_flags), kept for reuse, per device (an event belongs to the
+/// device current when it was made): the CUDA backend's records and nccl_comm's requests take them. Making one per
+/// record costs a driver call, and a blocking-sync event an OS wait object too. An event comes back when its user is
+/// done with it; a stream already told to wait for it keeps waiting for that record, whatever is recorded into it
+/// later (cudaStreamWaitEvent takes the event's state at the call).
+class cuda_event_pool {
+ public:
+  /// Never destroyed: handles may outlive static destruction, and the driver frees the events with the context.
+  static cuda_event_pool& instance() {
+    static auto* pool = new cuda_event_pool;
+    return *pool;
+  }
+  cudaEvent_t take(int device, const std::string& context) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (auto& free = free_[device]; !free.empty()) {
+        const cudaEvent_t event = free.back();
+        free.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    CHUNKWISE_CUDA_TRY(cudaEventCreateWithFlags(&event, host_waited_event_flags), context);
+    return event;
+  }
+  void give_back(int device, cudaEvent_t event) noexcept {
+    try {
+      const std::lock_guard lock(mutex_);
+      free_[device].push_back(event);
+    } catch (...) {
+      (void)cudaEventDestroy(event);  // no room to keep it
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<cudaEvent_t>> free_;
+};
+
+}  // namespace detail
 
 }  // namespace chunkwise
